@@ -1,0 +1,114 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ("model_name",)
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    def __init__(self, model_name: _Optional[str] = ...) -> None: ...
+
+class ReplicaStats(_message.Message):
+    __slots__ = ("name", "devices", "busy_fraction", "queued_requests", "queued_samples", "outstanding_work_s", "batch_size", "fit_base_s", "fit_per_sample_s", "fit_reliable", "num_batches", "num_samples", "batch_size_counts", "busy_s", "num_stolen_requests")
+    class BatchSizeCountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    OUTSTANDING_WORK_S_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    FIT_BASE_S_FIELD_NUMBER: _ClassVar[int]
+    FIT_PER_SAMPLE_S_FIELD_NUMBER: _ClassVar[int]
+    FIT_RELIABLE_FIELD_NUMBER: _ClassVar[int]
+    NUM_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    NUM_STOLEN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    devices: _containers.RepeatedScalarFieldContainer[str]
+    busy_fraction: float
+    queued_requests: int
+    queued_samples: int
+    outstanding_work_s: float
+    batch_size: int
+    fit_base_s: float
+    fit_per_sample_s: float
+    fit_reliable: bool
+    num_batches: int
+    num_samples: int
+    batch_size_counts: _containers.ScalarMap[int, int]
+    busy_s: float
+    num_stolen_requests: int
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., busy_fraction: _Optional[float] = ..., queued_requests: _Optional[int] = ..., queued_samples: _Optional[int] = ..., outstanding_work_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., fit_base_s: _Optional[float] = ..., fit_per_sample_s: _Optional[float] = ..., fit_reliable: _Optional[bool] = ..., num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., batch_size_counts: _Optional[_Mapping[int, int]] = ..., busy_s: _Optional[float] = ..., num_stolen_requests: _Optional[int] = ...) -> None: ...
+
+class ModelBalancerStats(_message.Message):
+    __slots__ = ("model_name", "policy", "batch_policy", "latency_target_s", "replicas", "queued_requests", "num_rejected")
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    BATCH_POLICY_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_TARGET_S_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    model_name: str
+    policy: str
+    batch_policy: str
+    latency_target_s: float
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
+    queued_requests: int
+    num_rejected: int
+    def __init__(self, model_name: _Optional[str] = ..., policy: _Optional[str] = ..., batch_policy: _Optional[str] = ..., latency_target_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., num_rejected: _Optional[int] = ...) -> None: ...
+
+class DeviceStats(_message.Message):
+    __slots__ = ("name", "utilization", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "throttle_reasons", "temperature_c")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UTILIZATION_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SM_CLOCK_MHZ_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_REASONS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    utilization: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    sm_clock_mhz: int
+    throttle_reasons: int
+    temperature_c: int
+    def __init__(self, name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., throttle_reasons: _Optional[int] = ..., temperature_c: _Optional[int] = ...) -> None: ...
+
+class GetStatsResponse(_message.Message):
+    __slots__ = ("uptime_s", "models", "devices")
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    uptime_s: float
+    models: _containers.RepeatedCompositeFieldContainer[ModelBalancerStats]
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceStats]
+    def __init__(self, uptime_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelBalancerStats, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceStats, _Mapping]]] = ...) -> None: ...
+
+class SetDeviceSpeedRequest(_message.Message):
+    __slots__ = ("device", "speed")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    SPEED_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    speed: float
+    def __init__(self, device: _Optional[str] = ..., speed: _Optional[float] = ...) -> None: ...
+
+class SetDeviceSpeedResponse(_message.Message):
+    __slots__ = ("previous_speed",)
+    PREVIOUS_SPEED_FIELD_NUMBER: _ClassVar[int]
+    previous_speed: float
+    def __init__(self, previous_speed: _Optional[float] = ...) -> None: ...
