@@ -1,0 +1,28 @@
+"""Scheduling policy and mechanism: admission, routing, batching, batch-size control, latency
+estimation. Imports neither grpc nor torch; drives workers through ``Worker``."""
+
+from evenflow.balancer.balancer import BalancerConfig, ModelBalancer
+from evenflow.balancer.controller import BatchSizeController, best_batch_size
+from evenflow.balancer.errors import (
+    BatchFailed,
+    DeadlineExceeded,
+    ErrorCode,
+    EvenflowError,
+    InvalidRequest,
+    ModelNotFound,
+    Overloaded,
+    OutOfMemory,
+    ShuttingDown,
+)
+from evenflow.balancer.estimator import LatencyFit, LatencyModel
+from evenflow.balancer.job import BatchResult, BatchTiming, Clock, Job, Worker
+from evenflow.balancer.policies import Policy, ReplicaLoad
+from evenflow.balancer.stats import BalancerSnapshot, ReplicaSnapshot
+
+__all__ = [
+    "BalancerConfig", "BalancerSnapshot", "BatchFailed", "BatchResult", "BatchSizeController",
+    "BatchTiming", "Clock", "DeadlineExceeded", "ErrorCode", "EvenflowError", "InvalidRequest",
+    "Job", "LatencyFit", "LatencyModel", "ModelBalancer", "ModelNotFound", "OutOfMemory",
+    "Overloaded", "Policy", "ReplicaLoad", "ReplicaSnapshot", "ShuttingDown", "Worker",
+    "best_batch_size",
+]

@@ -1,0 +1,21 @@
+"""evenflow's Python client SDK for KServe v2 gRPC servers: ``Client`` (blocking) and
+``AsyncClient`` (asyncio), numpy arrays or torch tensors in, numpy arrays out."""
+
+from evenflow.client._aio import AsyncClient
+from evenflow.client._codec import ChannelOptions, ModelMetadata, StreamResult, TensorInfo
+from evenflow.client._sync import Client
+from evenflow.client.errors import (
+    DeadlineExceededError,
+    InferenceServerError,
+    InvalidInputError,
+    ModelNotFoundError,
+    ServerInternalError,
+    ServerOverloadedError,
+    ServerUnavailableError,
+)
+
+__all__ = [
+    "AsyncClient", "ChannelOptions", "Client", "DeadlineExceededError", "InferenceServerError",
+    "InvalidInputError", "ModelMetadata", "ModelNotFoundError", "ServerInternalError",
+    "ServerOverloadedError", "ServerUnavailableError", "StreamResult", "TensorInfo",
+]

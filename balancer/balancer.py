@@ -1,0 +1,168 @@
+"""A model's balancer: admission, routing across replicas, work stealing, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from evenflow.balancer.controller import BatchSizeController
+from evenflow.balancer.errors import DeadlineExceeded, InvalidRequest, Overloaded, ShuttingDown
+from evenflow.balancer.estimator import LatencyModel
+from evenflow.balancer.job import Clock, Job, Worker
+from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
+from evenflow.balancer.queue import JobQueue
+from evenflow.balancer.replica import Replica
+from evenflow.balancer.stats import BalancerSnapshot, ModelCounters
+
+
+@dataclass(frozen=True, slots=True)
+class BalancerConfig:
+    """How one model's requests are admitted, routed and batched.
+
+    Attributes:
+        policy: how a request picks a replica (``least-work`` is evenflow's; the rest are baselines).
+        adaptive_batching: size batches from the latency model (else always ``max_batch``).
+        max_batch: largest batch a replica runs, and the largest request admitted.
+        max_wait_s: longest a request waits for its batch to fill before the batch runs anyway.
+        latency_target_s: per-request latency the batch-size controller aims to stay within.
+        max_queued_requests: admission bound over all of the model's queues; beyond it requests
+            are refused with ``Overloaded`` rather than queued without limit.
+        work_stealing: an idle replica takes queued work from the busiest (``least-work`` only).
+        prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
+    """
+
+    policy: Policy = Policy.LEAST_WORK
+    adaptive_batching: bool = True
+    max_batch: int = 64
+    max_wait_s: float = 0.002
+    latency_target_s: float = 0.050
+    max_queued_requests: int = 4096
+    work_stealing: bool = True
+    prior_base_s: float = 0.002
+    prior_per_sample_s: float = 0.0002
+
+
+class ModelBalancer:
+    """Admits a model's requests and spreads them over its replicas.
+
+    ``submit`` is synchronous and cheap (it runs once per request on the event loop): it checks
+    admission, picks a replica by the policy, appends the job to that replica's queue and returns
+    the job's future. Each replica's own loop (see ``Replica``) forms and runs batches.
+    """
+
+    def __init__(self, *, model_name: str, workers: Sequence[Worker], config: BalancerConfig,
+                 clock: Clock = time.monotonic, rng: random.Random | None = None) -> None:
+        if not workers:
+            raise ValueError(f"model {model_name!r} has no workers")
+        self.model_name = model_name
+        self.config = config
+        self.counters = ModelCounters()
+        self._clock = clock
+        self._rng = rng or random.Random(0)
+        self._closing = False
+        self._round_robin = itertools.cycle(range(len(workers)))
+        shared = JobQueue() if config.policy is Policy.SHARED_QUEUE else None
+        steal = (self._steal_for if config.policy is Policy.LEAST_WORK and config.work_stealing
+                 and len(workers) > 1 else None)
+        self.replicas = [
+            Replica(worker=worker, queue=shared or JobQueue(),
+                    controller=BatchSizeController(
+                        max_batch=config.max_batch, latency_target_s=config.latency_target_s,
+                        max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching),
+                    estimator=LatencyModel(prior_base_s=config.prior_base_s,
+                                           prior_per_sample_s=config.prior_per_sample_s),
+                    counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
+                    on_idle=steal)
+            for worker in workers
+        ]
+        self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
+
+    def start(self) -> None:
+        for replica in self.replicas:
+            replica.start()
+
+    @property
+    def queued_requests(self) -> int:
+        return sum(len(queue) for queue in self._queues)
+
+    def submit(self, payload: Any, num_samples: int,
+               deadline_s: float = math.inf) -> asyncio.Future[Any]:
+        """Admit one request; the returned future resolves to its output or an EvenflowError."""
+        if self._closing:
+            raise ShuttingDown(f"model {self.model_name!r} is shutting down")
+        if num_samples > self.config.max_batch:
+            raise InvalidRequest(f"batch of {num_samples} exceeds max batch size "
+                                 f"{self.config.max_batch} of model {self.model_name!r}")
+        now_s = self._clock()
+        if deadline_s <= now_s:
+            raise DeadlineExceeded("deadline passed before the request was queued")
+        if self.queued_requests >= self.config.max_queued_requests:
+            self.counters.num_rejected += 1
+            raise Overloaded(f"model {self.model_name!r} has {self.queued_requests} requests "
+                             f"queued (limit {self.config.max_queued_requests})")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        job = Job(payload, num_samples, now_s, deadline_s, future)
+        self._route(job, now_s).queue.push(job)
+        return future
+
+    def _route(self, job: Job, now_s: float) -> Replica:
+        replicas = self.replicas
+        if len(replicas) == 1:
+            return replicas[0]
+        policy = self.config.policy
+        if policy is Policy.LEAST_WORK:
+            loads = [replica.load(now_s) for replica in replicas]
+            return replicas[choose_least_work(loads, job.num_samples, self._rng)]
+        if policy is Policy.POW2:
+            loads = [replica.load(now_s) for replica in replicas]
+            return replicas[choose_pow2(loads, self._rng)]
+        if policy is Policy.ROUND_ROBIN:
+            return replicas[next(self._round_robin)]
+        return replicas[0]  # shared-queue: every replica reads the same queue
+
+    def _steal_for(self, thief: Replica) -> None:
+        now_s = self._clock()
+        victims = [r for r in self.replicas if r is not thief and len(r.queue)]
+        if not victims:
+            return
+        loads = {id(r): r.load(now_s) for r in victims}
+        victim = max(victims, key=lambda r: loads[id(r)].work_s())
+        count = plan_steal(thief.load(now_s), loads[id(victim)], victim.queue.tail_sizes())
+        if not count:
+            return
+        moved = [victim.queue.pop_tail() for _ in range(count)]
+        for job in reversed(moved):
+            thief.queue.push(job)
+        thief.stats.num_stolen_requests += count
+
+    async def drain(self) -> None:
+        """Refuse new work and wait until every admitted request has finished."""
+        self._closing = True
+        while self.queued_requests or any(r.load(self._clock()).running_requests
+                                          for r in self.replicas):
+            await asyncio.gather(*(replica.wait_idle() for replica in self.replicas))
+            await asyncio.sleep(0)
+
+    async def close(self) -> None:
+        """Stop the replica loops and fail anything still queued (call ``drain`` first)."""
+        self._closing = True
+        for queue in self._queues:
+            queue.fail_all(ShuttingDown(f"model {self.model_name!r} shut down"))
+        for replica in self.replicas:
+            await replica.stop()
+
+    def snapshot(self) -> BalancerSnapshot:
+        now_s = self._clock()
+        config = self.config
+        return BalancerSnapshot(
+            model_name=self.model_name, policy=config.policy.value,
+            batch_policy="adaptive" if config.adaptive_batching else "fixed",
+            latency_target_s=config.latency_target_s, queued_requests=self.queued_requests,
+            num_rejected=self.counters.num_rejected,
+            replicas=tuple(replica.snapshot(now_s) for replica in self.replicas))

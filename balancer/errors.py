@@ -1,0 +1,57 @@
+"""The balancer's error taxonomy. Each error carries a neutral code that the server maps once to a
+gRPC status; nothing here knows about gRPC.
+
+    EvenflowError                  base; ``code`` says what kind of failure it is
+    ├── ModelNotFound              NOT_FOUND: no such model or version
+    ├── InvalidRequest             INVALID_ARGUMENT: the request does not match the model
+    ├── DeadlineExceeded           DEADLINE_EXCEEDED: the client's deadline passed before the work ran
+    ├── Overloaded                 RESOURCE_EXHAUSTED: admission refused the request (queue full)
+    ├── ShuttingDown               UNAVAILABLE: the server is draining and takes no new work
+    └── BatchFailed                INTERNAL: the model raised while running the batch
+        └── OutOfMemory            INTERNAL once retries are exhausted; the balancer splits first
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.Enum):
+    NOT_FOUND = "not_found"
+    INVALID_ARGUMENT = "invalid_argument"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+
+
+class EvenflowError(Exception):
+    code: ErrorCode = ErrorCode.INTERNAL
+
+
+class ModelNotFound(EvenflowError):
+    code = ErrorCode.NOT_FOUND
+
+
+class InvalidRequest(EvenflowError):
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class DeadlineExceeded(EvenflowError):
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class Overloaded(EvenflowError):
+    code = ErrorCode.RESOURCE_EXHAUSTED
+
+
+class ShuttingDown(EvenflowError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class BatchFailed(EvenflowError):
+    code = ErrorCode.INTERNAL
+
+
+class OutOfMemory(BatchFailed):
+    """The device ran out of memory on this batch; a smaller batch may fit."""

@@ -1,0 +1,103 @@
+"""Per-replica latency model ``t(b) = a + c*b`` fitted online from finished batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_STEP_RATIO = 1.5          # an observation this far off the prediction (either way) is a surprise
+_STEP_COUNT = 3            # this many surprises in a row means the device changed
+_STEP_KEEP = 0.05          # on a change, old evidence keeps this much of its weight
+_MIN_SPREAD_SAMPLES2 = 0.25  # weighted variance of batch sizes needed to separate a from c
+_MAX_RELIABLE_ERROR = 0.2  # mean relative error above which the fit is not trusted
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyFit:
+    base_s: float
+    per_sample_s: float
+    reliable: bool
+
+    def predict_s(self, batch_size: int) -> float:
+        return self.base_s + self.per_sample_s * batch_size
+
+
+class LatencyModel:
+    """Exponentially weighted least squares of batch latency against batch size.
+
+    Every observation multiplies the weight of older ones by ``forgetting`` (0.95 keeps an
+    effective window of about 20 batches), so a device that slows down is re-learned within a
+    few dozen batches. Three observations in a row that miss the prediction by more than 1.5x are
+    taken as a step change (a throttled or re-clocked device): old evidence is cut to 5 % of its
+    weight, and the fit is reported unreliable until it settles again, which sends the controller
+    to its AIMD fallback.
+
+    Until two distinct batch sizes have been seen, ``a`` and ``c`` cannot be separated; the fit
+    then scales the prior's split between fixed and per-sample cost to the observed latency.
+    """
+
+    def __init__(self, *, prior_base_s: float = 0.005, prior_per_sample_s: float = 0.0005,
+                 forgetting: float = 0.95, min_weight: float = 3.0) -> None:
+        if not 0.0 < forgetting < 1.0:
+            raise ValueError("forgetting must be in (0, 1)")
+        self._prior = LatencyFit(prior_base_s, prior_per_sample_s, reliable=False)
+        self._forgetting = forgetting
+        self._min_weight = min_weight
+        self._w = self._wb = self._wbb = self._wt = self._wbt = 0.0
+        self._mean_abs_error = 1.0
+        self._surprises = 0
+        self.num_step_changes = 0
+        self._fit = self._prior
+
+    @property
+    def fit(self) -> LatencyFit:
+        return self._fit
+
+    def predict_s(self, batch_size: int) -> float:
+        return self._fit.predict_s(batch_size)
+
+    def observe(self, batch_size: int, latency_s: float) -> None:
+        predicted = self._fit.predict_s(batch_size)
+        if self._w > 0.0 and predicted > 0.0:
+            ratio = latency_s / predicted
+            self._mean_abs_error = 0.8 * self._mean_abs_error + 0.2 * abs(ratio - 1.0)
+            surprised = ratio > _STEP_RATIO or ratio < 1.0 / _STEP_RATIO
+            self._surprises = self._surprises + 1 if surprised else 0
+            if self._surprises >= _STEP_COUNT:
+                self._forget(_STEP_KEEP)
+                self._surprises = 0
+                self._mean_abs_error = 1.0
+                self.num_step_changes += 1
+        self._forget(self._forgetting)
+        b = float(batch_size)
+        self._w += 1.0
+        self._wb += b
+        self._wbb += b * b
+        self._wt += latency_s
+        self._wbt += b * latency_s
+        self._fit = self._solve()
+
+    def _forget(self, keep: float) -> None:
+        self._w *= keep
+        self._wb *= keep
+        self._wbb *= keep
+        self._wt *= keep
+        self._wbt *= keep
+
+    def _solve(self) -> LatencyFit:
+        w = self._w
+        mean_b = self._wb / w
+        mean_t = self._wt / w
+        var_b = self._wbb / w - mean_b * mean_b
+        if var_b < _MIN_SPREAD_SAMPLES2:
+            # One batch size seen: keep the prior's split between fixed and per-sample cost.
+            prior_t = self._prior.predict_s(round(mean_b))
+            scale = mean_t / prior_t if prior_t > 0 else 1.0
+            return LatencyFit(self._prior.base_s * scale, self._prior.per_sample_s * scale, False)
+        per_sample = (self._wbt / w - mean_b * mean_t) / var_b
+        base = mean_t - per_sample * mean_b
+        if per_sample <= 0.0:  # noise made the slope vanish: charge everything per batch
+            per_sample, base = 1e-9, mean_t
+        elif base < 0.0:  # fit through the origin instead of a negative fixed cost
+            per_sample, base = self._wbt / self._wbb, 0.0
+        reliable = w >= self._min_weight and self._mean_abs_error <= _MAX_RELIABLE_ERROR
+        return LatencyFit(base, per_sample, reliable)

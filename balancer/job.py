@@ -1,0 +1,66 @@
+"""The values that cross the balancer's seams: a queued job, a worker's batch result, and the
+small protocols (worker, clock) that the balancer drives."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Clock = Callable[[], float]
+"""Monotonic seconds; ``time.monotonic`` in production, a fake in tests."""
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One admitted request waiting for (or in) a batch.
+
+    ``payload`` is opaque to the balancer (the server puts decoded tensors there); only the worker
+    reads it. ``future`` resolves to the worker's output for this job, or to an EvenflowError.
+    """
+
+    payload: Any
+    num_samples: int
+    arrival_s: float
+    deadline_s: float
+    future: asyncio.Future[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTiming:
+    """Seconds a batch spent in each phase, measured by the worker on its own thread."""
+
+    copy_in_s: float
+    compute_s: float
+    copy_out_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.copy_in_s + self.compute_s + self.copy_out_s
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """A finished batch: one output per job, in the jobs' order, and the batch's measured times."""
+
+    outputs: Sequence[Any]
+    timing: BatchTiming
+
+
+class Worker(Protocol):
+    """A replica's executor: one device, or a pipeline of stages, that runs one batch at a time.
+
+    ``run`` must not block the event loop. It raises ``BatchFailed`` (or ``OutOfMemory``) when the
+    model fails; any other exception is treated as ``BatchFailed`` with its message.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def devices(self) -> Sequence[str]: ...
+
+    async def run(self, jobs: Sequence[Job]) -> BatchResult: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,93 @@
+"""Routing policies: pure functions over a snapshot of each replica's load.
+
+``least-work`` is evenflow's policy; ``round-robin``, ``pow2`` (Ray Serve's power of two choices)
+and ``shared-queue`` (Triton's: one queue, any free replica takes the next batch) are baselines
+kept in the same code so comparisons are honest. ``shared-queue`` needs no choice function: its
+replicas pull from one queue.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class Policy(enum.Enum):
+    LEAST_WORK = "least-work"
+    ROUND_ROBIN = "round-robin"
+    SHARED_QUEUE = "shared-queue"
+    POW2 = "pow2"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    """What a policy may know about one replica at one instant."""
+
+    running_remaining_s: float  # predicted time left in the batch now running (0 when idle)
+    running_requests: int
+    queued_samples: int
+    queued_requests: int
+    base_s: float  # fitted fixed cost per batch, a
+    per_sample_s: float  # fitted cost per sample, c
+    batch_size: int  # the replica's current batch size
+
+    def work_s(self, extra_samples: int = 0) -> float:
+        """Seconds until this replica has finished everything it holds, plus ``extra_samples``
+        appended to its queue: the running batch's remainder, then the queue in batches."""
+        samples = self.queued_samples + extra_samples
+        num_batches = math.ceil(samples / self.batch_size) if samples else 0
+        return self.running_remaining_s + num_batches * self.base_s + samples * self.per_sample_s
+
+
+def choose_least_work(loads: Sequence[ReplicaLoad], num_samples: int, rng: random.Random) -> int:
+    """The replica where a request of ``num_samples`` would finish soonest; ties broken at random."""
+    best_s = math.inf
+    best: list[int] = []
+    for index, load in enumerate(loads):
+        finish_s = load.work_s(num_samples)
+        if finish_s < best_s - 1e-12:
+            best_s = finish_s
+            best = [index]
+        elif finish_s <= best_s + 1e-12:
+            best.append(index)
+    return best[0] if len(best) == 1 else rng.choice(best)
+
+
+def choose_pow2(loads: Sequence[ReplicaLoad], rng: random.Random) -> int:
+    """Two replicas at random; the one with fewer requests outstanding (queued plus running)."""
+    if len(loads) == 1:
+        return 0
+    first, second = rng.sample(range(len(loads)), 2)
+
+    def outstanding(i: int) -> int:
+        return loads[i].queued_requests + loads[i].running_requests
+
+    return first if outstanding(first) <= outstanding(second) else second
+
+
+def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Sequence[int]) -> int:
+    """How many jobs an idle replica should take from the tail of a busier replica's queue.
+
+    ``victim_tail_samples`` lists the victim's queued jobs' sizes, last queued first. A job moves
+    when it would finish sooner on the thief (behind what the thief already took) than where it
+    is; the thief stops at one batch, so it never hoards work it cannot start now.
+    """
+    taken_samples = 0
+    victim_samples = victim.queued_samples
+    count = 0
+    for samples in victim_tail_samples:
+        if taken_samples + samples > max(thief.batch_size, samples) and count:
+            break
+        here_s = ReplicaLoad(victim.running_remaining_s, victim.running_requests,
+                             victim_samples, 0, victim.base_s, victim.per_sample_s,
+                             victim.batch_size).work_s()
+        there_s = thief.work_s(taken_samples + samples)
+        if there_s >= here_s:
+            break
+        taken_samples += samples
+        victim_samples -= samples
+        count += 1
+    return count

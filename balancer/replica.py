@@ -1,0 +1,182 @@
+"""One replica: its queue, batch formation, latency model, controller, and the loop that feeds
+its worker one batch at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from evenflow.balancer.controller import BatchSizeController
+from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory
+from evenflow.balancer.estimator import LatencyModel
+from evenflow.balancer.job import BatchResult, Clock, Job, Worker
+from evenflow.balancer.policies import ReplicaLoad
+from evenflow.balancer.queue import JobQueue
+from evenflow.balancer.stats import ModelCounters, ReplicaCounters, ReplicaSnapshot
+
+logger = logging.getLogger(__name__)
+
+
+class Replica:
+    """Drives one worker.
+
+    The loop takes a batch from the queue when the queue holds the controller's batch size, or
+    when the oldest job has waited ``max_wait_s``; runs it on the worker; feeds the measured time
+    to the latency model and the controller; resolves each job's future. When its queue is empty
+    it calls ``on_idle`` (the balancer's work stealing) before it sleeps.
+
+    A batch that runs out of memory is split in half and retried, and the controller's cap drops;
+    any other failure fails only that batch's jobs.
+    """
+
+    def __init__(self, *, worker: Worker, queue: JobQueue, controller: BatchSizeController,
+                 estimator: LatencyModel, counters: ModelCounters, max_wait_s: float,
+                 clock: Clock = time.monotonic,
+                 on_idle: Callable[[Replica], None] | None = None) -> None:
+        self.worker = worker
+        self.queue = queue
+        self.controller = controller
+        self.estimator = estimator
+        self.stats = ReplicaCounters()
+        self._model_counters = counters
+        self._max_wait_s = max_wait_s
+        self._clock = clock
+        self._on_idle = on_idle
+        self._running_since_s: float | None = None
+        self._running_end_s = 0.0
+        self._running_requests = 0
+        self._task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def name(self) -> str:
+        return self.worker.name
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"replica:{self.name}")
+
+    async def stop(self) -> None:
+        """Cancel the loop (after the balancer drained it) and wait for it to end."""
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    def load(self, now_s: float) -> ReplicaLoad:
+        fit = self.estimator.fit
+        remaining = max(0.0, self._running_end_s - now_s) if self._running_requests else 0.0
+        return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
+                           len(self.queue), fit.base_s, fit.per_sample_s,
+                           self.controller.batch_size)
+
+    def snapshot(self, now_s: float) -> ReplicaSnapshot:
+        fit = self.estimator.fit
+        return ReplicaSnapshot(
+            name=self.name, devices=tuple(self.worker.devices),
+            busy_fraction=self.stats.busy.fraction(now_s, self._running_since_s),
+            busy_s=self.stats.busy.total_busy_s, queued_requests=len(self.queue),
+            queued_samples=self.queue.num_samples, outstanding_work_s=self.load(now_s).work_s(),
+            batch_size=self.controller.batch_size, fit_base_s=fit.base_s,
+            fit_per_sample_s=fit.per_sample_s, fit_reliable=fit.reliable,
+            num_batches=self.stats.num_batches, num_samples=self.stats.num_samples,
+            num_stolen_requests=self.stats.num_stolen_requests,
+            batch_size_counts=dict(self.stats.batch_size_counts))
+
+    async def _run(self) -> None:
+        while True:
+            jobs = await self._next_batch()
+            if jobs:
+                await self._execute(jobs)
+
+    async def _next_batch(self) -> list[Job]:
+        queue = self.queue
+        while True:
+            if not len(queue):
+                self._idle.set()
+                if self._on_idle is not None:
+                    self._on_idle(self)
+                if not len(queue):
+                    await queue.wait_changed()
+                    continue
+            self._idle.clear()
+            now_s = self._clock()
+            size = self.controller.batch_size
+            if queue.num_samples >= size or self._max_wait_s <= 0.0:
+                return queue.take(size, now_s)
+            wait_s = queue.oldest_arrival_s + self._max_wait_s - now_s
+            if wait_s <= 0.0:
+                return queue.take(size, now_s)
+            await queue.wait_changed(wait_s)
+
+    async def _execute(self, jobs: list[Job]) -> None:
+        num_samples = sum(job.num_samples for job in jobs)
+        start_s = self._clock()
+        self._running_since_s = start_s
+        self._running_end_s = start_s + self.estimator.predict_s(num_samples)
+        self._running_requests = len(jobs)
+        try:
+            result = await self.worker.run(jobs)
+        except OutOfMemory as exc:
+            self.controller.on_out_of_memory(num_samples)
+            logger.warning("%s: out of memory at batch %d; cap now %d", self.name, num_samples,
+                           self.controller.cap)
+            if len(jobs) > 1:
+                half = len(jobs) // 2
+                await self._execute(jobs[:half])
+                await self._execute(jobs[half:])
+            else:
+                self._fail(jobs, exc)
+            return
+        except EvenflowError as exc:
+            self._fail(jobs, exc)
+            return
+        except Exception as exc:  # a worker bug must fail its batch, not kill the replica
+            logger.exception("%s: worker raised", self.name)
+            self._fail(jobs, BatchFailed(f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            self._running_requests = 0
+            self._running_since_s = None
+        self._complete(jobs, num_samples, start_s, result)
+
+    def _complete(self, jobs: list[Job], num_samples: int, start_s: float,
+                  result: BatchResult) -> None:
+        now_s = self._clock()
+        device_s = result.timing.total_s
+        self.estimator.observe(num_samples, device_s)
+        self.controller.update(self.estimator.fit, num_samples, device_s)
+        stats = self.stats
+        stats.busy.record(now_s - device_s, now_s)
+        stats.num_batches += 1
+        stats.num_samples += num_samples
+        stats.batch_size_counts[num_samples] += 1
+        counters = self._model_counters
+        counters.record_batch(num_samples, result.timing)
+        counters.last_inference_s = time.time()
+        timing = result.timing
+        for job, output in zip(jobs, result.outputs, strict=True):
+            counters.queue.add(start_s - job.arrival_s)
+            counters.compute_input.add(timing.copy_in_s)
+            counters.compute_infer.add(timing.compute_s)
+            counters.compute_output.add(timing.copy_out_s)
+            if job.future.done():  # the caller went away while the batch ran
+                continue
+            counters.success.add(now_s - job.arrival_s)
+            job.future.set_result(output)
+
+    def _fail(self, jobs: Sequence[Job], error: BaseException) -> None:
+        now_s = self._clock()
+        for job in jobs:
+            self._model_counters.fail.add(now_s - job.arrival_s)
+            if not job.future.done():
+                job.future.set_exception(error)

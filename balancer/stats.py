@@ -1,0 +1,117 @@
+"""Counters the balancer keeps per replica and per model, and the snapshots it hands out."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from evenflow.balancer.job import BatchTiming
+
+
+class BusyMeter:
+    """Fraction of recent wall time a replica spent running batches, over a sliding window."""
+
+    def __init__(self, window_s: float = 1.0) -> None:
+        self._window_s = window_s
+        self._intervals: deque[tuple[float, float]] = deque()
+        self.total_busy_s = 0.0
+
+    def record(self, start_s: float, end_s: float) -> None:
+        self._intervals.append((start_s, end_s))
+        self.total_busy_s += end_s - start_s
+
+    def fraction(self, now_s: float, running_since_s: float | None = None) -> float:
+        since_s = now_s - self._window_s
+        while self._intervals and self._intervals[0][1] <= since_s:
+            self._intervals.popleft()
+        busy_s = sum(end - max(start, since_s) for start, end in self._intervals)
+        if running_since_s is not None:
+            busy_s += now_s - max(running_since_s, since_s)
+        return min(1.0, busy_s / self._window_s)
+
+
+@dataclass(slots=True)
+class DurationStat:
+    count: int = 0
+    total_s: float = 0.0
+
+    def add(self, seconds: float, count: int = 1) -> None:
+        self.count += count
+        self.total_s += seconds
+
+
+@dataclass(slots=True)
+class BatchSizeStat:
+    """Triton's per-batch-size statistics: how often each size ran and its phase times."""
+
+    compute_input: DurationStat = field(default_factory=DurationStat)
+    compute_infer: DurationStat = field(default_factory=DurationStat)
+    compute_output: DurationStat = field(default_factory=DurationStat)
+
+
+@dataclass(slots=True)
+class ModelCounters:
+    """Triton-style inference statistics for one model, summed over its replicas."""
+
+    success: DurationStat = field(default_factory=DurationStat)
+    fail: DurationStat = field(default_factory=DurationStat)
+    queue: DurationStat = field(default_factory=DurationStat)
+    compute_input: DurationStat = field(default_factory=DurationStat)
+    compute_infer: DurationStat = field(default_factory=DurationStat)
+    compute_output: DurationStat = field(default_factory=DurationStat)
+    batches: dict[int, BatchSizeStat] = field(default_factory=dict)
+    inference_count: int = 0
+    execution_count: int = 0
+    last_inference_s: float = 0.0  # wall clock (time.time) of the last finished batch
+    num_rejected: int = 0
+
+    def record_batch(self, num_samples: int, timing: BatchTiming) -> None:
+        stat = self.batches.get(num_samples)
+        if stat is None:
+            stat = self.batches[num_samples] = BatchSizeStat()
+        stat.compute_input.add(timing.copy_in_s)
+        stat.compute_infer.add(timing.compute_s)
+        stat.compute_output.add(timing.copy_out_s)
+        self.execution_count += 1
+        self.inference_count += num_samples
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSnapshot:
+    name: str
+    devices: tuple[str, ...]
+    busy_fraction: float
+    busy_s: float
+    queued_requests: int
+    queued_samples: int
+    outstanding_work_s: float
+    batch_size: int
+    fit_base_s: float
+    fit_per_sample_s: float
+    fit_reliable: bool
+    num_batches: int
+    num_samples: int
+    num_stolen_requests: int
+    batch_size_counts: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class BalancerSnapshot:
+    model_name: str
+    policy: str
+    batch_policy: str
+    latency_target_s: float
+    queued_requests: int
+    num_rejected: int
+    replicas: tuple[ReplicaSnapshot, ...]
+
+
+class ReplicaCounters:
+    """Per-replica counters read by the stats RPC."""
+
+    def __init__(self) -> None:
+        self.busy = BusyMeter()
+        self.num_batches = 0
+        self.num_samples = 0
+        self.num_stolen_requests = 0
+        self.batch_size_counts: Counter[int] = Counter()

@@ -1,0 +1,156 @@
+"""The composition root: builds models, workers, balancers and the gRPC server from a
+ServerConfig, and shuts them down in reverse order."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from importlib.metadata import PackageNotFoundError, version
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from evenflow.balancer import ModelBalancer, Worker
+from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from evenflow.server.config import ServerConfig
+from evenflow.server.frontend import InferenceServicer
+from evenflow.server.models.repository import load_definition
+from evenflow.server.models.spec import ModelDefinition
+from evenflow.server.served import ModelTable, ServedModel
+from evenflow.server.stats_service import AdminServicer, StatsServicer
+from evenflow.server.telemetry import NvmlSampler
+from evenflow.server.workers.devices import DeviceSpec, default_devices, parse_devices
+from evenflow.server.workers.torch_worker import SimWorker, TorchWorker
+
+logger = logging.getLogger(__name__)
+
+_INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _server_version() -> str:
+    try:
+        return version("evenflow")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+def build_workers(name: str, definition: ModelDefinition, devices: list[DeviceSpec],
+                  dtype: torch.dtype) -> list[Worker]:
+    workers: list[Worker] = []
+    for device in devices:
+        if device.kind == "sim":
+            workers.append(SimWorker(model_name=name, definition=definition, device=device))
+        else:
+            workers.append(TorchWorker(model_name=name, definition=definition, device=device,
+                                       dtype=dtype if device.kind == "cuda" else torch.float32))
+    return workers
+
+
+class App:
+    """One evenflow server process. ``start`` returns once it serves; ``stop`` drains it."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.port = 0
+        self.models: ModelTable | None = None
+        self._server: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+        self._frontend: InferenceServicer | None = None
+        self._nvml: NvmlSampler | None = None
+
+    async def start(self) -> int:
+        config = self.config
+        torch.set_num_threads(config.cpu_threads)
+        devices = parse_devices(config.devices or default_devices())
+        served: list[ServedModel] = []
+        for name, source in config.models:
+            definition = await asyncio.to_thread(load_definition, source, config.builtins)
+            workers = build_workers(name, definition, devices, _DTYPES[config.dtype])
+            balancer = ModelBalancer(model_name=name, workers=workers, config=config.balancer)
+            balancer.start()
+            served.append(ServedModel(name, definition, balancer))
+            logger.info("model %s on %s", name, ", ".join(d.name for d in devices))
+        self.models = ModelTable(served)
+        if any(d.kind == "cuda" for d in devices):
+            self._nvml = NvmlSampler.open()
+            if self._nvml is not None:
+                self._nvml.start()
+
+        options = [("grpc.max_receive_message_length", config.max_message_bytes),
+                   ("grpc.max_send_message_length", config.max_message_bytes),
+                   ("grpc.so_reuseport", 0)]
+        server = grpc.aio.server(options=options)
+        self._frontend = InferenceServicer(models=self.models, server_name="evenflow",
+                                           server_version=_server_version())
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._frontend, server)
+        nvml = self._nvml
+        evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server(
+            StatsServicer(models=self.models,
+                          gpu_samples=lambda: nvml.latest if nvml is not None else []), server)
+        services = [_INFERENCE_SERVICE.full_name,
+                    evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowStats"].full_name,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME]
+        if config.admin:
+            evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server(
+                AdminServicer(models=self.models), server)
+            services.append(evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowAdmin"].full_name)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(services, server)
+        host = f"[{config.host}]" if ":" in config.host else config.host
+        self.port = server.add_insecure_port(f"{host}:{config.port}")
+        if self.port == 0:
+            raise OSError(f"could not bind {host}:{config.port}")
+        await server.start()
+        self._server = server
+        self._frontend.ready = True
+        for service in ("", _INFERENCE_SERVICE.full_name):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop accepting, let in-flight requests finish (up to the grace), then close the
+        balancers and workers. Idempotent."""
+        grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
+        if self._frontend is not None:
+            self._frontend.ready = False
+        await self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+        if self.models is not None:
+            for model in self.models:
+                try:
+                    await asyncio.wait_for(model.balancer.drain(), timeout=grace_s)
+                except TimeoutError:
+                    logger.warning("model %s did not drain within %.1f s", model.name, grace_s)
+                await model.balancer.close()
+                for replica in model.balancer.replicas:
+                    await replica.worker.close()
+            self.models = None
+        if self._nvml is not None:
+            await self._nvml.close()
+            self._nvml = None
+
+
+async def serve(config: ServerConfig) -> None:
+    """Run until SIGINT/SIGTERM, then drain and return."""
+    app = App(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        port = await app.start()
+        print(f"evenflow listening on {config.host}:{port}", flush=True)
+        await stop.wait()
+        logger.info("signal received: draining")
+    finally:
+        await app.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,161 @@
+"""Protobuf at the edge: ModelInferRequest -> numpy inputs (validated against the model), and
+numpy outputs -> ModelInferResponse. Everything past this module sees arrays, never protos."""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+
+import numpy as np
+
+from evenflow.balancer.errors import InvalidRequest
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.server.datatypes import WIRE_TYPES, WireType
+from evenflow.server.models.spec import TensorSpec
+
+_InputTensor = pb.ModelInferRequest.InferInputTensor
+_OutputTensor = pb.ModelInferResponse.InferOutputTensor
+
+
+def decode_inputs(request: pb.ModelInferRequest,
+                  specs: Sequence[TensorSpec]) -> tuple[list[np.ndarray], int]:
+    """The request's inputs in ``specs`` order, and the batch size they share."""
+    tensors = request.inputs
+    raw = request.raw_input_contents
+    if raw and len(raw) != len(tensors):
+        raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for {len(tensors)} "
+                             "inputs; expected one per input")
+    by_name: dict[str, int] = {}
+    for index, tensor in enumerate(tensors):
+        if tensor.name in by_name:
+            raise InvalidRequest(f"input {tensor.name!r} given twice")
+        by_name[tensor.name] = index
+    expected = [spec.name for spec in specs]
+    for name in by_name:
+        if name not in expected:
+            raise InvalidRequest(f"unexpected input {name!r}; model expects {expected}")
+    arrays: list[np.ndarray] = []
+    batch = -1
+    for spec in specs:
+        index = by_name.get(spec.name)
+        if index is None:
+            raise InvalidRequest(f"missing input {spec.name!r}; model expects {expected}")
+        tensor = tensors[index]
+        array = _decode_tensor(tensor, spec, raw[index] if raw else None)
+        if batch not in (-1, array.shape[0]):
+            raise InvalidRequest(f"input {spec.name!r} has batch {array.shape[0]}, other inputs "
+                                 f"have {batch}; all inputs must share the batch dimension")
+        batch = array.shape[0]
+        arrays.append(array)
+    return arrays, batch
+
+
+def _decode_tensor(tensor: _InputTensor, spec: TensorSpec, raw: bytes | None) -> np.ndarray:
+    name = spec.name
+    if tensor.datatype != spec.datatype:
+        raise InvalidRequest(f"input {name!r} has datatype {tensor.datatype or '(empty)'}; "
+                             f"expected {spec.datatype}")
+    wire = WIRE_TYPES[spec.datatype]
+    shape = tuple(tensor.shape)
+    _check_shape(name, shape, spec.shape)
+    count = math.prod(shape)
+    has_typed = tensor.HasField("contents")
+    if raw is not None:
+        if has_typed:
+            raise InvalidRequest(f"input {name!r} has both raw_input_contents and typed contents; "
+                                 "send one or the other")
+        return _decode_raw(name, wire, shape, count, raw)
+    if not has_typed:
+        raise InvalidRequest(f"input {name!r} carries no data")
+    return _decode_typed(name, wire, shape, count, tensor)
+
+
+def _check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
+    if len(shape) != len(expected):
+        raise InvalidRequest(f"input {name!r} has shape {list(shape)} (rank {len(shape)}); "
+                             f"expected {list(expected)} (rank {len(expected)})")
+    if shape[0] < 1:
+        raise InvalidRequest(f"input {name!r} has batch dimension {shape[0]}; expected >= 1")
+    for got, want in zip(shape[1:], expected[1:], strict=True):
+        if got < 0 or (want != -1 and got != want):
+            raise InvalidRequest(f"input {name!r} has shape {list(shape)}; expected "
+                                 f"{list(expected)} (-1: any size)")
+
+
+def _decode_raw(name: str, wire: WireType, shape: tuple[int, ...], count: int,
+                raw: bytes) -> np.ndarray:
+    if wire.name == "BYTES":
+        elements = _split_bytes(name, raw)
+        if len(elements) != count:
+            raise InvalidRequest(f"input {name!r} raw data holds {len(elements)} BYTES elements; "
+                                 f"shape {list(shape)} needs {count}")
+        return np.array(elements, dtype=object).reshape(shape)
+    expected_bytes = count * wire.itemsize
+    if len(raw) != expected_bytes:
+        raise InvalidRequest(f"input {name!r} raw data has {len(raw)} bytes; shape {list(shape)} "
+                             f"of {wire.name} needs {expected_bytes}")
+    return np.frombuffer(raw, dtype=wire.numpy_dtype).reshape(shape)
+
+
+def _split_bytes(name: str, raw: bytes) -> list[bytes]:
+    """Triton's BYTES encoding: each element is a 4-byte little-endian length, then the bytes."""
+    elements: list[bytes] = []
+    offset = 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise InvalidRequest(f"input {name!r}: truncated BYTES length prefix")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise InvalidRequest(f"input {name!r}: BYTES element overruns the data")
+        elements.append(raw[offset:offset + length])
+        offset += length
+    return elements
+
+
+def _decode_typed(name: str, wire: WireType, shape: tuple[int, ...], count: int,
+                  tensor: _InputTensor) -> np.ndarray:
+    if wire.contents_field is None:
+        raise InvalidRequest(f"input {name!r}: {wire.name} has no typed contents field; "
+                             "send it in raw_input_contents")
+    values = getattr(tensor.contents, wire.contents_field)
+    if len(values) != count:
+        raise InvalidRequest(f"input {name!r} contents.{wire.contents_field} has {len(values)} "
+                             f"elements; shape {list(shape)} needs {count}")
+    return np.array(values, dtype=wire.numpy_dtype).reshape(shape)
+
+
+def requested_outputs(request: pb.ModelInferRequest,
+                      specs: Sequence[TensorSpec]) -> list[int]:
+    """Indices into ``specs`` of the outputs to return (all when none are named)."""
+    if not request.outputs:
+        return list(range(len(specs)))
+    names = [spec.name for spec in specs]
+    chosen = []
+    for output in request.outputs:
+        if output.name not in names:
+            raise InvalidRequest(f"unknown requested output {output.name!r}; model has {names}")
+        chosen.append(names.index(output.name))
+    return chosen
+
+
+def encode_response(request: pb.ModelInferRequest, specs: Sequence[TensorSpec],
+                    chosen: Sequence[int], arrays: Sequence[np.ndarray]) -> pb.ModelInferResponse:
+    outputs = []
+    contents = []
+    for index in chosen:
+        spec = specs[index]
+        array = arrays[index]
+        outputs.append(_OutputTensor(name=spec.name, datatype=spec.datatype, shape=array.shape))
+        contents.append(_encode_raw(array) if spec.datatype == "BYTES" else array.tobytes())
+    return pb.ModelInferResponse(model_name=request.model_name, model_version="1",
+                                 id=request.id, outputs=outputs, raw_output_contents=contents)
+
+
+def _encode_raw(array: np.ndarray) -> bytes:
+    parts = []
+    for element in array.reshape(-1):
+        data = element if isinstance(element, bytes) else str(element).encode()
+        parts.append(struct.pack("<I", len(data)) + data)
+    return b"".join(parts)

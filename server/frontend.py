@@ -1,0 +1,162 @@
+"""The KServe v2 gRPC servicer: converts protos at the edge and delegates to the balancers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from evenflow.balancer import ErrorCode, EvenflowError
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from evenflow.server import codec
+from evenflow.server.model_config import model_config, model_metadata, model_statistics
+from evenflow.server.served import MODEL_VERSION, ModelTable
+
+logger = logging.getLogger(__name__)
+
+STATUS_OF: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+# Only what is implemented: statistics makes perf_analyzer read the server-side breakdown.
+EXTENSIONS = ("model_configuration", "statistics", "binary_tensor_data")
+_MAX_STREAM_IN_FLIGHT = 1024
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, *, models: ModelTable, server_name: str, server_version: str) -> None:
+        self._models = models
+        self._metadata = pb.ServerMetadataResponse(name=server_name, version=server_version,
+                                                   extensions=EXTENSIONS)
+        self.ready = False
+
+    async def _infer(self, request: pb.ModelInferRequest,
+                     deadline_s: float) -> pb.ModelInferResponse:
+        model = self._models.get(request.model_name, request.model_version)
+        specs = model.definition
+        arrays, num_samples = codec.decode_inputs(request, specs.inputs)
+        chosen = codec.requested_outputs(request, specs.outputs)
+        outputs = await model.balancer.submit(arrays, num_samples, deadline_s)
+        return codec.encode_response(request, specs.outputs, chosen, outputs)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        try:
+            return await self._infer(request, _deadline_s(context))
+        except EvenflowError as exc:
+            await context.abort(STATUS_OF[exc.code], str(exc))
+            raise  # unreachable: abort raises
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: grpc.aio.ServicerContext
+                               ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests are run concurrently; responses are written as they finish (match by id).
+        A failed request yields a response with ``error_message`` and the stream goes on."""
+        deadline_s = _deadline_s(context)
+        results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            try:
+                response = pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, deadline_s))
+            except EvenflowError as exc:
+                response = pb.ModelStreamInferResponse(
+                    error_message=f"{exc.code.name}: {exc}",
+                    infer_response=pb.ModelInferResponse(model_name=request.model_name,
+                                                         id=request.id))
+            finally:
+                slots.release()
+            results.put_nowait(response)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()
+                    task = asyncio.create_task(one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*tasks)
+            finally:
+                results.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await results.get()) is not None:
+                yield item
+            await reader
+        finally:
+            for task in (reader, *tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+    async def ServerLive(self, request: pb.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.ready)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
+        try:
+            self._models.get(request.name, request.version)
+        except EvenflowError:
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=self.ready)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
+        return self._metadata
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
+                            context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
+        model = await self._lookup(request.name, request.version, context)
+        return model_metadata(model)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
+        model = await self._lookup(request.name, request.version, context)
+        return pb.ModelConfigResponse(config=model_config(model))
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
+        if request.name:
+            models = [await self._lookup(request.name, request.version, context)]
+        else:
+            models = list(self._models)
+        return pb.ModelStatisticsResponse(model_stats=[model_statistics(m) for m in models])
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
+        entry = pb.RepositoryIndexResponse.ModelIndex
+        state = "READY" if self.ready else "LOADING"
+        return pb.RepositoryIndexResponse(models=[
+            entry(name=m.name, version=MODEL_VERSION, state=state) for m in self._models])
+
+    async def _lookup(self, name: str, version: str, context: grpc.aio.ServicerContext) -> ...:
+        try:
+            return self._models.get(name, version)
+        except EvenflowError as exc:
+            await context.abort(STATUS_OF[exc.code], str(exc))
+            raise
+
+
+def _deadline_s(context: grpc.aio.ServicerContext) -> float:
+    remaining_s = context.time_remaining()
+    return math.inf if remaining_s is None else time.monotonic() + remaining_s

@@ -1,0 +1,77 @@
+"""evenflow's own services: balancer statistics, and the admin service for simulated devices."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+
+from evenflow.balancer import ReplicaSnapshot
+from evenflow.proto import evenflow_pb2 as ef
+from evenflow.proto import evenflow_pb2_grpc as ef_grpc
+from evenflow.server.served import ModelTable
+from evenflow.server.telemetry import GpuSample
+from evenflow.server.workers.torch_worker import SimWorker
+
+
+def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
+    return ef.ReplicaStats(
+        name=snapshot.name, devices=snapshot.devices, busy_fraction=snapshot.busy_fraction,
+        busy_s=snapshot.busy_s, queued_requests=snapshot.queued_requests,
+        queued_samples=snapshot.queued_samples, outstanding_work_s=snapshot.outstanding_work_s,
+        batch_size=snapshot.batch_size, fit_base_s=snapshot.fit_base_s,
+        fit_per_sample_s=snapshot.fit_per_sample_s, fit_reliable=snapshot.fit_reliable,
+        num_batches=snapshot.num_batches, num_samples=snapshot.num_samples,
+        num_stolen_requests=snapshot.num_stolen_requests,
+        batch_size_counts=snapshot.batch_size_counts)
+
+
+class StatsServicer(ef_grpc.EvenflowStatsServicer):
+    def __init__(self, *, models: ModelTable, gpu_samples: Callable[[], list[GpuSample]]) -> None:
+        self._models = models
+        self._gpu_samples = gpu_samples
+        self._started_s = time.monotonic()
+
+    async def GetStats(self, request: ef.GetStatsRequest,
+                       context: grpc.aio.ServicerContext) -> ef.GetStatsResponse:
+        models = [m for m in self._models if not request.model_name or m.name == request.model_name]
+        if request.model_name and not models:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"unknown model {request.model_name!r}")
+        response = ef.GetStatsResponse(uptime_s=time.monotonic() - self._started_s)
+        for model in models:
+            snap = model.balancer.snapshot()
+            response.models.append(ef.ModelBalancerStats(
+                model_name=snap.model_name, policy=snap.policy, batch_policy=snap.batch_policy,
+                latency_target_s=snap.latency_target_s, queued_requests=snap.queued_requests,
+                num_rejected=snap.num_rejected,
+                replicas=[_replica(r) for r in snap.replicas]))
+        for gpu in self._gpu_samples():
+            response.devices.append(ef.DeviceStats(
+                name=gpu.name, utilization=gpu.utilization,
+                memory_used_bytes=gpu.memory_used_bytes,
+                memory_total_bytes=gpu.memory_total_bytes, sm_clock_mhz=gpu.sm_clock_mhz,
+                throttle_reasons=gpu.throttle_reasons, temperature_c=gpu.temperature_c))
+        return response
+
+
+class AdminServicer(ef_grpc.EvenflowAdminServicer):
+    """Changes simulated devices while serving; registered only with ``--admin``."""
+
+    def __init__(self, *, models: ModelTable) -> None:
+        self._models = models
+
+    async def SetDeviceSpeed(self, request: ef.SetDeviceSpeedRequest,
+                             context: grpc.aio.ServicerContext) -> ef.SetDeviceSpeedResponse:
+        if request.speed <= 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "speed must be > 0")
+        workers = [r.worker for m in self._models for r in m.balancer.replicas
+                   if isinstance(r.worker, SimWorker) and request.device in r.worker.devices]
+        if not workers:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no simulated device named {request.device!r}")
+        previous = 0.0
+        for worker in workers:  # every model's worker on that device
+            previous = worker.set_speed(request.speed)
+        return ef.SetDeviceSpeedResponse(previous_speed=previous)

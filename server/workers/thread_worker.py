@@ -1,0 +1,96 @@
+"""A worker that runs batches on its own OS thread and hands results back to the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from evenflow.balancer.errors import BatchFailed, EvenflowError
+from evenflow.balancer.job import BatchResult, Job
+
+logger = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class ThreadWorker:
+    """Base of the device workers: one thread, one batch at a time.
+
+    ``run`` posts the batch to the thread and awaits a future that the thread resolves through
+    ``call_soon_threadsafe``, so the event loop never blocks on a device. Subclasses implement
+    ``_thread_main_context`` (per-thread setup such as ``torch.inference_mode``, which is
+    thread-local) and ``_execute``.
+    """
+
+    def __init__(self, *, name: str, devices: Sequence[str]) -> None:
+        self._name = name
+        self._devices = tuple(devices)
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._thread_main, name=f"worker:{name}",
+                                        daemon=True)
+        self._closed = False
+        self._thread.start()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def devices(self) -> Sequence[str]:
+        return self._devices
+
+    async def run(self, jobs: Sequence[Job]) -> BatchResult:
+        if self._closed:
+            raise BatchFailed(f"worker {self._name} is closed")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[BatchResult] = loop.create_future()
+        self._inbox.put((jobs, future, loop))
+        return await future
+
+    async def close(self) -> None:
+        """Finish the batch in hand, then stop the thread. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(_STOP)
+        await asyncio.to_thread(self._thread.join)
+
+    def _thread_main(self) -> None:
+        with self._thread_main_context():
+            while True:
+                item = self._inbox.get()
+                if item is _STOP:
+                    return
+                jobs, future, loop = item
+                try:
+                    result: Any = self._execute(jobs)
+                    deliver = _set_result
+                except EvenflowError as exc:
+                    result, deliver = exc, _set_exception
+                except Exception as exc:
+                    result = BatchFailed(f"{type(exc).__name__}: {exc}")
+                    deliver = _set_exception
+                try:
+                    loop.call_soon_threadsafe(deliver, future, result)
+                except RuntimeError:  # the loop closed while the batch ran
+                    logger.debug("%s: loop closed before a result could be delivered", self._name)
+
+    def _thread_main_context(self) -> Any:
+        raise NotImplementedError
+
+    def _execute(self, jobs: Sequence[Job]) -> BatchResult:
+        raise NotImplementedError
+
+
+def _set_result(future: asyncio.Future[Any], result: Any) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _set_exception(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
