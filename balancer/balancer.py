@@ -71,7 +71,7 @@ class ModelBalancer:
         steal = (self._steal_for if config.policy is Policy.LEAST_WORK and config.work_stealing
                  and len(workers) > 1 else None)
         self.replicas = [
-            Replica(worker=worker, queue=shared or JobQueue(),
+            Replica(worker=worker, queue=shared if shared is not None else JobQueue(),
                     controller=BatchSizeController(
                         max_batch=config.max_batch, latency_target_s=config.latency_target_s,
                         max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching),

@@ -17,7 +17,7 @@ def best_batch_size(fit: LatencyFit, *, latency_target_s: float, max_wait_s: flo
     budget_s = (latency_target_s - max_wait_s) / 2.0 - fit.base_s
     if fit.per_sample_s <= 0.0:
         return cap
-    size = math.floor(budget_s / fit.per_sample_s)
+    size = math.floor(budget_s / fit.per_sample_s + 1e-9)  # 6.9999999 is 7
     return max(1, min(cap, size))
 
 

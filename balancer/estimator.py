@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 _STEP_RATIO = 1.5          # an observation this far off the prediction (either way) is a surprise
 _STEP_COUNT = 3            # this many surprises in a row means the device changed
-_STEP_KEEP = 0.05          # on a change, old evidence keeps this much of its weight
 _MIN_SPREAD_SAMPLES2 = 0.25  # weighted variance of batch sizes needed to separate a from c
 _MAX_RELIABLE_ERROR = 0.2  # mean relative error above which the fit is not trusted
 
@@ -27,9 +26,9 @@ class LatencyModel:
     Every observation multiplies the weight of older ones by ``forgetting`` (0.95 keeps an
     effective window of about 20 batches), so a device that slows down is re-learned within a
     few dozen batches. Three observations in a row that miss the prediction by more than 1.5x are
-    taken as a step change (a throttled or re-clocked device): old evidence is cut to 5 % of its
-    weight, and the fit is reported unreliable until it settles again, which sends the controller
-    to its AIMD fallback.
+    taken as a step change (a throttled or re-clocked device): the fit restarts from those three
+    observations alone, and is reported unreliable until its predictions settle again, which
+    sends the controller to its AIMD fallback meanwhile.
 
     Until two distinct batch sizes have been seen, ``a`` and ``c`` cannot be separated; the fit
     then scales the prior's split between fixed and per-sample cost to the observed latency.
@@ -44,7 +43,7 @@ class LatencyModel:
         self._min_weight = min_weight
         self._w = self._wb = self._wbb = self._wt = self._wbt = 0.0
         self._mean_abs_error = 1.0
-        self._surprises = 0
+        self._surprises: list[tuple[int, float]] = []
         self.num_step_changes = 0
         self._fit = self._prior
 
@@ -60,13 +59,29 @@ class LatencyModel:
         if self._w > 0.0 and predicted > 0.0:
             ratio = latency_s / predicted
             self._mean_abs_error = 0.8 * self._mean_abs_error + 0.2 * abs(ratio - 1.0)
-            surprised = ratio > _STEP_RATIO or ratio < 1.0 / _STEP_RATIO
-            self._surprises = self._surprises + 1 if surprised else 0
-            if self._surprises >= _STEP_COUNT:
-                self._forget(_STEP_KEEP)
-                self._surprises = 0
-                self._mean_abs_error = 1.0
-                self.num_step_changes += 1
+            if ratio > _STEP_RATIO or ratio < 1.0 / _STEP_RATIO:
+                # Held back from the fit, so the next observation is judged against the same
+                # prediction: a lone outlier joins the fit later, a run of them restarts it.
+                self._surprises.append((batch_size, latency_s))
+                if len(self._surprises) >= _STEP_COUNT:
+                    self._restart_from_surprises()
+                return
+        for held in self._surprises:
+            self._add(*held)
+        self._surprises.clear()
+        self._add(batch_size, latency_s)
+        self._fit = self._solve()
+
+    def _restart_from_surprises(self) -> None:
+        self._w = self._wb = self._wbb = self._wt = self._wbt = 0.0
+        for batch_size, latency_s in self._surprises:
+            self._add(batch_size, latency_s)
+        self._surprises.clear()
+        self._mean_abs_error = 1.0
+        self.num_step_changes += 1
+        self._fit = self._solve()
+
+    def _add(self, batch_size: int, latency_s: float) -> None:
         self._forget(self._forgetting)
         b = float(batch_size)
         self._w += 1.0
@@ -74,7 +89,6 @@ class LatencyModel:
         self._wbb += b * b
         self._wt += latency_s
         self._wbt += b * latency_s
-        self._fit = self._solve()
 
     def _forget(self, keep: float) -> None:
         self._w *= keep

@@ -25,7 +25,8 @@ class Replica:
     The loop takes a batch from the queue when the queue holds the controller's batch size, or
     when the oldest job has waited ``max_wait_s``; runs it on the worker; feeds the measured time
     to the latency model and the controller; resolves each job's future. When its queue is empty
-    it calls ``on_idle`` (the balancer's work stealing) before it sleeps.
+    it calls ``on_idle`` (the balancer's work stealing), and again every ``idle_poll_s`` while it
+    stays idle, so a replica whose estimate is wrong (and gets no new work) still takes work.
 
     A batch that runs out of memory is split in half and retried, and the controller's cap drops;
     any other failure fails only that batch's jobs.
@@ -34,7 +35,8 @@ class Replica:
     def __init__(self, *, worker: Worker, queue: JobQueue, controller: BatchSizeController,
                  estimator: LatencyModel, counters: ModelCounters, max_wait_s: float,
                  clock: Clock = time.monotonic,
-                 on_idle: Callable[[Replica], None] | None = None) -> None:
+                 on_idle: Callable[[Replica], None] | None = None,
+                 idle_poll_s: float = 0.02) -> None:
         self.worker = worker
         self.queue = queue
         self.controller = controller
@@ -44,6 +46,7 @@ class Replica:
         self._max_wait_s = max_wait_s
         self._clock = clock
         self._on_idle = on_idle
+        self._idle_poll_s = idle_poll_s
         self._running_since_s: float | None = None
         self._running_end_s = 0.0
         self._running_requests = 0
@@ -106,7 +109,7 @@ class Replica:
                 if self._on_idle is not None:
                     self._on_idle(self)
                 if not len(queue):
-                    await queue.wait_changed()
+                    await queue.wait_changed(None if self._on_idle is None else self._idle_poll_s)
                     continue
             self._idle.clear()
             now_s = self._clock()

@@ -1,0 +1,149 @@
+"""Shared fixtures: fake clock and workers for unit tests; real servers for integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from evenflow.balancer import BatchResult, BatchTiming, Job
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self, start_s: float = 1000.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@dataclass
+class FakeWorker:
+    """A worker whose batches cost ``base_s + per_sample_s * samples`` (reported, not slept).
+
+    With ``gated`` set, each batch waits until the test calls ``release()``, so a test controls
+    exactly when batches finish. Every batch is recorded; ``fail_with`` makes the next batch raise.
+    """
+
+    name: str
+    base_s: float = 0.01
+    per_sample_s: float = 0.001
+    gated: bool = False
+    devices: Sequence[str] = ()
+    batches: list[list[int]] = field(default_factory=list)
+    fail_with: list[BaseException] = field(default_factory=list)
+    closed: bool = False
+    _gates: list[asyncio.Future[None]] = field(default_factory=list)
+    started: asyncio.Event | None = None
+
+    def __post_init__(self) -> None:
+        self.devices = self.devices or (self.name,)
+
+    async def run(self, jobs: Sequence[Job]) -> BatchResult:
+        self.batches.append([job.num_samples for job in jobs])
+        if self.started is not None:
+            self.started.set()
+        if self.gated:
+            gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._gates.append(gate)
+            await gate
+        if self.fail_with:
+            raise self.fail_with.pop(0)
+        samples = sum(job.num_samples for job in jobs)
+        cost_s = self.base_s + self.per_sample_s * samples
+        return BatchResult([("out", job.payload) for job in jobs], BatchTiming(0.0, cost_s, 0.0))
+
+    def release(self) -> None:
+        gate = self._gates.pop(0)
+        gate.set_result(None)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._gates)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+
+def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -> ServerProcess:
+    """Start ``evenflow serve --port 0 ARGS`` and wait for the line with its bound address."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p))
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0", *args],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    log.close()
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(timeout=deadline - time.monotonic()):
+                break
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if line.startswith("evenflow listening on "):
+                return ServerProcess(proc, line.split()[-1], log_path)
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"server did not start: {log_path.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """Starts servers for a test module; each is SIGTERMed at the end and must exit 0."""
+    servers: list[ServerProcess] = []
+
+    def factory(*args: str) -> ServerProcess:
+        log_path = tmp_path_factory.mktemp("server") / "server.log"
+        server = start_server(args, log_path)
+        servers.append(server)
+        return server
+
+    yield factory
+    for server in servers:
+        code = server.terminate()
+        assert code == 0, server.log()[-3000:]

@@ -1,0 +1,254 @@
+"""ModelBalancer and Replica mechanics with hand-written fake workers and a fake clock.
+
+Progress is gated by the fake workers (a batch finishes when the test releases it), never by
+sleeping; ``settle`` only lets already-runnable callbacks run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from evenflow.balancer import (
+    BalancerConfig,
+    BatchFailed,
+    DeadlineExceeded,
+    InvalidRequest,
+    ModelBalancer,
+    OutOfMemory,
+    Overloaded,
+    Policy,
+    ShuttingDown,
+)
+from tests.conftest import FakeClock, FakeWorker
+
+pytestmark = pytest.mark.timeout(10)
+
+
+async def settle(rounds: int = 20) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def make_balancer(clock: FakeClock) -> AsyncIterator[Callable[..., ModelBalancer]]:
+    made: list[ModelBalancer] = []
+
+    def make(workers: list[FakeWorker], **overrides: object) -> ModelBalancer:
+        config = BalancerConfig(**{"max_wait_s": 0.0, **overrides})  # type: ignore[arg-type]
+        balancer = ModelBalancer(model_name="m", workers=workers, config=config, clock=clock,
+                                 rng=random.Random(0))
+        balancer.start()
+        made.append(balancer)
+        return balancer
+
+    yield make
+    for balancer in made:
+        for replica in balancer.replicas:
+            worker = replica.worker
+            while isinstance(worker, FakeWorker) and worker.num_waiting:
+                worker.release()
+        await balancer.close()
+        # Teardown invariant: no replica loop survives close.
+        assert all(r._task is None for r in balancer.replicas)
+
+
+async def test_batches_form_up_to_batch_size_while_the_worker_is_busy(make_balancer) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], adaptive_batching=False, max_batch=4)
+    futures = [balancer.submit(0, 1)]
+    await settle()
+    assert worker.batches == [[1]]  # the first request ran alone at once
+    futures += [balancer.submit(i, 1) for i in range(1, 6)]
+    await settle()
+    assert worker.batches == [[1]]  # the rest wait while the worker is busy
+    worker.release()
+    await settle()
+    assert worker.batches == [[1], [1, 1, 1, 1]]
+    worker.release()
+    await settle()
+    worker.release()
+    await settle()
+    assert worker.batches == [[1], [1, 1, 1, 1], [1]]
+    assert [f.result() for f in futures] == [("out", i) for i in range(6)]
+
+
+async def test_expired_jobs_are_dropped_not_run(make_balancer, clock: FakeClock) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], adaptive_batching=False, max_batch=8)
+    first = balancer.submit("a", 1)
+    await settle()
+    late = balancer.submit("b", 1, deadline_s=clock() + 0.01)
+    clock.advance(0.02)
+    worker.release()
+    await settle()
+    assert first.result() == ("out", "a")
+    with pytest.raises(DeadlineExceeded):
+        late.result()
+    assert worker.batches == [[1]]
+
+
+async def test_cancelled_jobs_are_dropped_not_run(make_balancer) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], adaptive_batching=False, max_batch=8)
+    balancer.submit("a", 1)
+    await settle()
+    gone = balancer.submit("b", 1)
+    kept = balancer.submit("c", 1)
+    gone.cancel()
+    worker.release()
+    await settle()
+    worker.release()
+    await settle()
+    assert worker.batches == [[1], [1]]
+    assert kept.result() == ("out", "c")
+
+
+async def test_admission_rejects_expired_oversize_and_overload(make_balancer,
+                                                               clock: FakeClock) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], max_batch=4, max_queued_requests=2)
+    with pytest.raises(DeadlineExceeded):
+        balancer.submit("x", 1, deadline_s=clock())
+    with pytest.raises(InvalidRequest, match="exceeds max batch size 4"):
+        balancer.submit("x", 5)
+    balancer.submit("running", 1)
+    await settle()
+    balancer.submit("q1", 1)
+    balancer.submit("q2", 1)
+    with pytest.raises(Overloaded):
+        balancer.submit("q3", 1)
+    assert balancer.counters.num_rejected == 1
+
+
+async def test_model_failure_fails_only_its_batch(make_balancer) -> None:
+    worker = FakeWorker("w", fail_with=[BatchFailed("boom")])
+    balancer = make_balancer([worker])
+    bad = balancer.submit("a", 1)
+    with pytest.raises(BatchFailed, match="boom"):
+        await bad
+    assert await balancer.submit("b", 1) == ("out", "b")
+
+
+async def test_unexpected_worker_exception_becomes_batch_failed(make_balancer) -> None:
+    worker = FakeWorker("w", fail_with=[RuntimeError("bug")])
+    balancer = make_balancer([worker])
+    with pytest.raises(BatchFailed, match="RuntimeError: bug"):
+        await balancer.submit("a", 1)
+    assert await balancer.submit("b", 1) == ("out", "b")
+
+
+async def test_out_of_memory_splits_the_batch_and_lowers_the_cap(make_balancer) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], adaptive_batching=False, max_batch=4)
+    balancer.submit("first", 1)
+    await settle()
+    futures = [balancer.submit(i, 1) for i in range(4)]
+    worker.release()
+    await settle()
+    worker.fail_with.append(OutOfMemory("oom"))
+    worker.release()  # the batch of 4 runs out of memory
+    await settle()
+    while worker.num_waiting:
+        worker.release()
+        await settle()
+    assert worker.batches[1:] == [[1, 1, 1, 1], [1, 1], [1, 1]]
+    assert [f.result() for f in futures] == [("out", i) for i in range(4)]
+    assert balancer.replicas[0].controller.cap == 2
+
+
+async def test_drain_waits_for_admitted_work_then_refuses_new(make_balancer) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker])
+    future = balancer.submit("a", 1)
+    await settle()
+    drain = asyncio.create_task(balancer.drain())
+    await settle()
+    assert not drain.done()
+    with pytest.raises(ShuttingDown):
+        balancer.submit("b", 1)
+    worker.release()
+    await asyncio.wait_for(drain, timeout=5)
+    assert future.result() == ("out", "a")
+
+
+async def test_round_robin_alternates(make_balancer) -> None:
+    workers = [FakeWorker("a"), FakeWorker("b")]
+    balancer = make_balancer(workers, policy=Policy.ROUND_ROBIN)
+    await asyncio.gather(*(balancer.submit(i, 1) for i in range(6)))
+    assert sum(len(b) for b in workers[0].batches) == sum(len(b) for b in workers[1].batches)
+
+
+async def test_shared_queue_lets_any_free_replica_take_the_next_batch(make_balancer) -> None:
+    workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
+    balancer = make_balancer(workers, policy=Policy.SHARED_QUEUE, adaptive_batching=False,
+                             max_batch=2)
+    futures = [balancer.submit(i, 1) for i in range(5)]
+    await settle()
+    assert len(balancer._queues) == 1
+    assert workers[0].num_waiting == 1 and workers[1].num_waiting == 1
+    workers[1].release()
+    await settle()
+    assert workers[1].num_waiting == 1  # b took the next batch while a is still busy
+    for w in workers:
+        while w.num_waiting:
+            w.release()
+            await settle()
+    assert all(f.done() for f in futures)
+
+
+def seed_fit(balancer: ModelBalancer, index: int, base_s: float, per_sample_s: float) -> None:
+    estimator = balancer.replicas[index].estimator
+    for size in (1, 2, 4, 8, 16, 3, 6, 12, 24):
+        estimator.observe(size, base_s + per_sample_s * size)
+
+
+async def test_least_work_sends_more_to_the_faster_replica(make_balancer) -> None:
+    fast, slow = FakeWorker("fast", gated=True), FakeWorker("slow", gated=True)
+    balancer = make_balancer([fast, slow], adaptive_batching=False, max_batch=8,
+                             work_stealing=False)
+    seed_fit(balancer, 0, 0.002, 0.0005)
+    seed_fit(balancer, 1, 0.008, 0.002)  # 4x slower
+    for i in range(40):
+        balancer.submit(i, 1)
+    loads = [len(r.queue) + r.load(0.0).running_requests for r in balancer.replicas]
+    assert loads[0] > 2.5 * loads[1]
+    # Both replicas finish their share at about the same predicted time.
+    works = [r.load(1000.0).work_s() for r in balancer.replicas]
+    assert max(works) - min(works) <= 0.008 + 0.002 * 8
+
+
+async def test_idle_replica_steals_queued_work_from_the_busiest(make_balancer) -> None:
+    busy, idle = FakeWorker("busy", gated=True), FakeWorker("idle", gated=True)
+    balancer = make_balancer([busy, idle], adaptive_batching=False, max_batch=4)
+    seed_fit(balancer, 0, 0.002, 0.0005)
+    seed_fit(balancer, 1, 0.002, 0.0005)
+    first = balancer.submit("first", 1)
+    await settle()
+    runner = next(r for r in balancer.replicas if r.worker.num_waiting)  # type: ignore[attr-defined]
+    other = next(r for r in balancer.replicas if r is not runner)
+    other_first = balancer.submit("other", 1)  # least work: goes to the idle one
+    await settle()
+    for i in range(8):  # queue directly on the first replica: a mis-route the balancer must fix
+        runner.queue.push(_job(balancer, i))
+    other.worker.release()  # type: ignore[attr-defined]
+    await settle()
+    assert other.stats.num_stolen_requests == 4
+    assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
+    assert len(runner.queue) == 4
+    await other_first
+    for r in balancer.replicas:
+        while r.worker.num_waiting:  # type: ignore[attr-defined]
+            r.worker.release()  # type: ignore[attr-defined]
+            await settle()
+    await first
+
+
+def _job(balancer: ModelBalancer, payload: object):
+    from evenflow.balancer import Job
+
+    return Job(payload, 1, 1000.0, math.inf, asyncio.get_running_loop().create_future())

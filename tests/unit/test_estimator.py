@@ -1,0 +1,47 @@
+import pytest
+
+from evenflow.balancer import LatencyModel
+
+
+def feed(model: LatencyModel, base_s: float, per_sample_s: float, sizes: list[int]) -> None:
+    for size in sizes:
+        model.observe(size, base_s + per_sample_s * size)
+
+
+def test_fit_recovers_linear_cost() -> None:
+    model = LatencyModel()
+    feed(model, 0.010, 0.002, [1, 4, 8, 16, 32, 2, 12] * 3)
+    fit = model.fit
+    assert fit.base_s == pytest.approx(0.010, rel=1e-6)
+    assert fit.per_sample_s == pytest.approx(0.002, rel=1e-6)
+    assert fit.reliable
+
+
+def test_single_batch_size_scales_prior_and_is_unreliable() -> None:
+    model = LatencyModel(prior_base_s=0.004, prior_per_sample_s=0.001)
+    feed(model, 0.010, 0.002, [8] * 10)  # t(8) = 0.026; prior t(8) = 0.012
+    fit = model.fit
+    assert fit.predict_s(8) == pytest.approx(0.026)
+    assert not fit.reliable
+
+
+def test_step_change_is_learned_quickly() -> None:
+    model = LatencyModel()
+    sizes = [1, 4, 8, 16, 32, 2, 12, 6]
+    feed(model, 0.010, 0.002, sizes * 5)
+    feed(model, 0.040, 0.008, sizes * 2)  # the device became 4x slower
+    assert model.num_step_changes >= 1
+    assert model.fit.predict_s(16) == pytest.approx(0.040 + 0.008 * 16, rel=0.05)
+
+
+def test_noisy_flat_slope_never_goes_negative() -> None:
+    model = LatencyModel()
+    for size, latency in [(1, 0.011), (2, 0.010), (3, 0.0105), (4, 0.0098)] * 4:
+        model.observe(size, latency)
+    assert model.fit.per_sample_s > 0
+    assert model.fit.base_s >= 0
+
+
+def test_forgetting_must_be_a_fraction() -> None:
+    with pytest.raises(ValueError):
+        LatencyModel(forgetting=1.0)

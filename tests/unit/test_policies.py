@@ -1,0 +1,60 @@
+import random
+
+from evenflow.balancer.policies import (
+    ReplicaLoad,
+    choose_least_work,
+    choose_pow2,
+    plan_steal,
+)
+
+
+def load(*, queued_samples: int = 0, queued_requests: int | None = None, base_s: float = 0.01,
+         per_sample_s: float = 0.002, batch_size: int = 8, running_remaining_s: float = 0.0,
+         running_requests: int = 0) -> ReplicaLoad:
+    return ReplicaLoad(running_remaining_s, running_requests, queued_samples,
+                       queued_samples if queued_requests is None else queued_requests,
+                       base_s, per_sample_s, batch_size)
+
+
+def test_work_prices_queue_in_batches() -> None:
+    replica = load(queued_samples=10, batch_size=4, running_remaining_s=0.005)
+    # 10 + 2 samples = 3 batches of 4: 0.005 + 3 * 0.01 + 12 * 0.002
+    assert abs(replica.work_s(2) - (0.005 + 0.03 + 0.024)) < 1e-12
+
+
+def test_least_work_routes_by_work_not_by_count() -> None:
+    # Replica 0 holds fewer requests but they are big; replica 1 holds many tiny ones.
+    heavy = load(queued_samples=48, queued_requests=2)
+    light = load(queued_samples=6, queued_requests=6)
+    assert choose_least_work([heavy, light], 1, random.Random(0)) == 1
+
+
+def test_least_work_prefers_fast_device_even_with_a_queue() -> None:
+    fast = load(queued_samples=4, base_s=0.0025, per_sample_s=0.0005)
+    slow = load(queued_samples=0, base_s=0.04, per_sample_s=0.008)
+    assert choose_least_work([slow, fast], 1, random.Random(0)) == 1
+
+
+def test_least_work_breaks_ties_at_random() -> None:
+    replicas = [load(), load(), load()]
+    rng = random.Random(1)
+    chosen = {choose_least_work(replicas, 1, rng) for _ in range(60)}
+    assert chosen == {0, 1, 2}
+
+
+def test_pow2_takes_the_shorter_of_two() -> None:
+    replicas = [load(queued_requests=5, queued_samples=5), load(queued_requests=1,
+                                                                queued_samples=1)]
+    assert all(choose_pow2(replicas, random.Random(seed)) == 1 for seed in range(10))
+
+
+def test_steal_moves_tail_work_that_finishes_sooner_on_the_thief() -> None:
+    thief = load(batch_size=4)
+    victim = load(queued_samples=12, running_remaining_s=0.02, batch_size=4)
+    assert plan_steal(thief, victim, [1] * 12) == 4  # a batch's worth, no more
+
+
+def test_steal_leaves_work_that_is_faster_where_it_is() -> None:
+    slow_thief = load(base_s=0.5, per_sample_s=0.1, batch_size=4)
+    victim = load(queued_samples=2, batch_size=4)
+    assert plan_steal(slow_thief, victim, [1, 1]) == 0
