@@ -93,6 +93,7 @@ class Replica:
             fit_per_sample_s=fit.per_sample_s, fit_reliable=fit.reliable,
             num_batches=self.stats.num_batches, num_samples=self.stats.num_samples,
             num_stolen_requests=self.stats.num_stolen_requests,
+            running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts))
 
     async def _run(self) -> None:

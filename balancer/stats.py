@@ -92,6 +92,7 @@ class ReplicaSnapshot:
     num_batches: int
     num_samples: int
     num_stolen_requests: int
+    running_requests: int
     batch_size_counts: dict[int, int]
 
 

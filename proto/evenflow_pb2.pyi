@@ -13,7 +13,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, model_name: _Optional[str] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
-    __slots__ = ("name", "devices", "busy_fraction", "queued_requests", "queued_samples", "outstanding_work_s", "batch_size", "fit_base_s", "fit_per_sample_s", "fit_reliable", "num_batches", "num_samples", "batch_size_counts", "busy_s", "num_stolen_requests")
+    __slots__ = ("name", "devices", "busy_fraction", "queued_requests", "queued_samples", "outstanding_work_s", "batch_size", "fit_base_s", "fit_per_sample_s", "fit_reliable", "num_batches", "num_samples", "batch_size_counts", "busy_s", "num_stolen_requests", "running_requests")
     class BatchSizeCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class ReplicaStats(_message.Message):
     BATCH_SIZE_COUNTS_FIELD_NUMBER: _ClassVar[int]
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     NUM_STOLEN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     name: str
     devices: _containers.RepeatedScalarFieldContainer[str]
     busy_fraction: float
@@ -51,7 +52,8 @@ class ReplicaStats(_message.Message):
     batch_size_counts: _containers.ScalarMap[int, int]
     busy_s: float
     num_stolen_requests: int
-    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., busy_fraction: _Optional[float] = ..., queued_requests: _Optional[int] = ..., queued_samples: _Optional[int] = ..., outstanding_work_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., fit_base_s: _Optional[float] = ..., fit_per_sample_s: _Optional[float] = ..., fit_reliable: _Optional[bool] = ..., num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., batch_size_counts: _Optional[_Mapping[int, int]] = ..., busy_s: _Optional[float] = ..., num_stolen_requests: _Optional[int] = ...) -> None: ...
+    running_requests: int
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., busy_fraction: _Optional[float] = ..., queued_requests: _Optional[int] = ..., queued_samples: _Optional[int] = ..., outstanding_work_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., fit_base_s: _Optional[float] = ..., fit_per_sample_s: _Optional[float] = ..., fit_reliable: _Optional[bool] = ..., num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., batch_size_counts: _Optional[_Mapping[int, int]] = ..., busy_s: _Optional[float] = ..., num_stolen_requests: _Optional[int] = ..., running_requests: _Optional[int] = ...) -> None: ...
 
 class ModelBalancerStats(_message.Message):
     __slots__ = ("model_name", "policy", "batch_policy", "latency_target_s", "replicas", "queued_requests", "num_rejected")

@@ -24,6 +24,7 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
         fit_per_sample_s=snapshot.fit_per_sample_s, fit_reliable=snapshot.fit_reliable,
         num_batches=snapshot.num_batches, num_samples=snapshot.num_samples,
         num_stolen_requests=snapshot.num_stolen_requests,
+        running_requests=snapshot.running_requests,
         batch_size_counts=snapshot.batch_size_counts)
 
 

@@ -104,12 +104,15 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait()
             raise
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
 
 
 def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -> ServerProcess:
     """Start ``evenflow serve --port 0 ARGS`` and wait for the line with its bound address."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH", "")) if p))
+        p for p in (str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")) if p))
     log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0", *args],

@@ -1,0 +1,62 @@
+"""User-factory models for tests: ``--model NAME=tests.fixture_models:FACTORY``."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from evenflow.server.models.spec import ModelDefinition, TensorSpec
+
+
+class RaisesOnMarker(torch.nn.Module):
+    """Doubles its input, but raises when any row starts with 13.0 (a poisoned request)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x[:, 0] == 13.0).any()):
+            raise ValueError("poisoned input: first feature is 13")
+        return x * 2
+
+
+def failing() -> ModelDefinition:
+    return ModelDefinition(module=RaisesOnMarker(),
+                           inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                           outputs=[TensorSpec("y", "FP32", (-1, 4))])
+
+
+class AddAndCast(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"sum": a.to(torch.int64) + b, "flag": (b > 0)}
+
+
+def two_inputs() -> ModelDefinition:
+    """Two inputs of different datatypes, two outputs returned as a dict."""
+    return ModelDefinition(module=AddAndCast(),
+                           inputs=[TensorSpec("a", "INT32", (-1, 3)),
+                                   TensorSpec("b", "INT64", (-1, 3))],
+                           outputs=[TensorSpec("sum", "INT64", (-1, 3)),
+                                    TensorSpec("flag", "BOOL", (-1, 3))])
+
+
+class Gate(torch.nn.Module):
+    """Identity that blocks its worker thread until ``release`` (tests use it to hold a batch
+    in flight without sleeping)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.proceed = threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.entered.set()
+        if not self.proceed.wait(timeout=30):
+            raise TimeoutError("gate never released")
+        return x.clone()
+
+
+GATE = Gate()
+
+
+def gated() -> ModelDefinition:
+    return ModelDefinition(module=GATE, inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                           outputs=[TensorSpec("y", "FP32", (-1, 4))])

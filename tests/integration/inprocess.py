@@ -1,0 +1,30 @@
+"""Start a real evenflow App on 127.0.0.1:0 inside the test's event loop."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from evenflow.balancer import BalancerConfig
+from evenflow.server.app import App
+from evenflow.server.config import ServerConfig
+from evenflow.server.models.repository import BuiltinOptions
+from evenflow.server.models.spec import SimProfile
+
+
+@contextlib.asynccontextmanager
+async def running_app(models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),), *,
+                      devices: str = "cpu", balancer: BalancerConfig | None = None,
+                      sim_profile: SimProfile | None = None, max_message_bytes: int = 1 << 22,
+                      admin: bool = False) -> AsyncIterator[tuple[App, str]]:
+    config = ServerConfig(
+        host="127.0.0.1", port=0, models=models, devices=devices,
+        max_message_bytes=max_message_bytes,
+        balancer=balancer or BalancerConfig(max_wait_s=0.0),
+        builtins=BuiltinOptions(sim_profile=sim_profile or SimProfile()), admin=admin)
+    app = App(config)
+    port = await app.start()
+    try:
+        yield app, f"127.0.0.1:{port}"
+    finally:
+        await app.stop(grace_s=5.0)

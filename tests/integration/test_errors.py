@@ -1,0 +1,197 @@
+"""Every bad input gets the right gRPC status code, and the server keeps serving afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import numpy as np
+import pytest
+
+from evenflow.balancer import BalancerConfig, ModelBalancer
+from evenflow.client import (
+    AsyncClient,
+    DeadlineExceededError,
+    InvalidInputError,
+    ModelNotFoundError,
+    ServerInternalError,
+    ServerOverloadedError,
+)
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from tests.fixture_models import GATE
+from tests.integration.inprocess import running_app
+
+pytestmark = pytest.mark.timeout(60)
+
+Tensor = pb.ModelInferRequest.InferInputTensor
+X = np.ones((1, 256), np.float32)
+
+
+async def still_serves(client: AsyncClient) -> None:
+    y = await client.infer("mlp", {"x": X}, timeout_s=10)
+    assert y["y"].shape == (1, 256)
+
+
+@pytest.fixture
+async def mlp() -> AsyncIterator[tuple[pb_grpc.GRPCInferenceServiceStub, AsyncClient]]:
+    async with running_app(max_message_bytes=1 << 20) as (_, url), AsyncClient(url) as client:
+        channel = grpc.aio.insecure_channel(url, options=[
+            ("grpc.max_send_message_length", 1 << 24)])
+        yield pb_grpc.GRPCInferenceServiceStub(channel), client
+        await channel.close()
+
+
+def raw(name: str = "x", datatype: str = "FP32", shape: tuple[int, ...] = (1, 256),
+        data: bytes | None = None, model: str = "mlp", version: str = "") -> pb.ModelInferRequest:
+    size = int(np.prod(shape)) * 4
+    return pb.ModelInferRequest(model_name=model, model_version=version,
+                                inputs=[Tensor(name=name, datatype=datatype, shape=shape)],
+                                raw_input_contents=[bytes(size) if data is None else data])
+
+
+@pytest.mark.parametrize(("request_", "code", "details"), [
+    (raw(model="nope"), grpc.StatusCode.NOT_FOUND, "unknown model 'nope'"),
+    (raw(version="7"), grpc.StatusCode.NOT_FOUND, "no version '7'"),
+    (raw(name="z"), grpc.StatusCode.INVALID_ARGUMENT, "unexpected input 'z'"),
+    (pb.ModelInferRequest(model_name="mlp"), grpc.StatusCode.INVALID_ARGUMENT,
+     "missing input 'x'"),
+    (raw(datatype="FP16", data=bytes(512)), grpc.StatusCode.INVALID_ARGUMENT,
+     "input 'x' has datatype FP16; expected FP32"),
+    (raw(shape=(1, 16, 16)), grpc.StatusCode.INVALID_ARGUMENT, "rank 3"),
+    (raw(shape=(1, 255)), grpc.StatusCode.INVALID_ARGUMENT, "expected [-1, 256]"),
+    (raw(data=bytes(1000)), grpc.StatusCode.INVALID_ARGUMENT, "raw data has 1000 bytes"),
+    (pb.ModelInferRequest(model_name="mlp", inputs=[Tensor(
+        name="x", datatype="FP32", shape=[1, 256],
+        contents=pb.InferTensorContents(fp32_contents=[0.0] * 256))],
+        raw_input_contents=[bytes(1024)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "both raw_input_contents and typed contents"),
+    (raw(shape=(65, 256)), grpc.StatusCode.INVALID_ARGUMENT, "exceeds max batch size 64"),
+    (raw(shape=(2048, 256)), grpc.StatusCode.RESOURCE_EXHAUSTED, ""),  # 2 MiB > 1 MiB limit
+])
+async def test_bad_request_status_codes(mlp, request_: pb.ModelInferRequest,
+                                        code: grpc.StatusCode, details: str) -> None:
+    stub, client = mlp
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ModelInfer(request_, timeout=10)
+    assert info.value.code() == code
+    assert details in (info.value.details() or "")
+    await still_serves(client)
+
+
+async def test_typed_contents_are_accepted(mlp) -> None:
+    stub, _ = mlp
+    response = await stub.ModelInfer(pb.ModelInferRequest(model_name="mlp", inputs=[Tensor(
+        name="x", datatype="FP32", shape=[1, 256],
+        contents=pb.InferTensorContents(fp32_contents=[1.0] * 256))]), timeout=10)
+    assert list(response.outputs[0].shape) == [1, 256]
+
+
+async def test_client_errors_carry_the_code(mlp) -> None:
+    _, client = mlp
+    with pytest.raises(ModelNotFoundError) as info:
+        await client.infer("nope", {"x": X})
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(InvalidInputError):
+        await client.infer("mlp", {"x": X.astype(np.float64)})
+    with pytest.raises(ModelNotFoundError):
+        await client.model_metadata("nope")
+
+
+async def test_model_exception_is_internal_and_server_keeps_serving() -> None:
+    models = (("mlp", "mlp"), ("failing", "tests.fixture_models:failing"))
+    async with running_app(models) as (_, url), AsyncClient(url) as client:
+        poisoned = np.array([[13.0, 0, 0, 0]], np.float32)
+        with pytest.raises(ServerInternalError, match="poisoned input"):
+            await client.infer("failing", {"x": poisoned}, timeout_s=10)
+        fine = await client.infer("failing", {"x": np.ones((1, 4), np.float32)}, timeout_s=10)
+        np.testing.assert_array_equal(fine["y"], np.full((1, 4), 2.0, np.float32))
+        await still_serves(client)
+
+
+class SubmitSpy:
+    """Wraps a balancer's submit: an event per admitted request, and the futures it returned."""
+
+    def __init__(self, balancer: ModelBalancer) -> None:
+        self.futures: list[asyncio.Future[object]] = []
+        self.admitted = asyncio.Event()
+        original: Callable[..., asyncio.Future[object]] = balancer.submit
+
+        def submit(*args: object, **kwargs: object) -> asyncio.Future[object]:
+            future = original(*args, **kwargs)
+            self.futures.append(future)
+            self.admitted.set()
+            return future
+
+        balancer.submit = submit  # type: ignore[method-assign]
+
+    async def next_admitted(self) -> asyncio.Future[object]:
+        await asyncio.wait_for(self.admitted.wait(), 10)
+        self.admitted.clear()
+        return self.futures[-1]
+
+
+@pytest.fixture
+async def gated() -> AsyncIterator[tuple[AsyncClient, ModelBalancer, SubmitSpy]]:
+    GATE.entered.clear()
+    GATE.proceed.clear()
+    models = (("mlp", "mlp"), ("gated", "tests.fixture_models:gated"))
+    config = BalancerConfig(max_wait_s=0.0, max_queued_requests=1, adaptive_batching=False)
+    async with running_app(models, balancer=config) as (app, url), AsyncClient(url) as client:
+        balancer = app.models.get("gated").balancer  # type: ignore[union-attr]
+        spy = SubmitSpy(balancer)
+        yield client, balancer, spy
+        GATE.proceed.set()
+
+
+async def hold_worker(client: AsyncClient, spy: SubmitSpy) -> asyncio.Task[dict[str, np.ndarray]]:
+    """Start a request that occupies the gated model's only worker until the gate opens."""
+    first = asyncio.create_task(client.infer("gated", {"x": np.ones((1, 4), np.float32)},
+                                             timeout_s=30))
+    await spy.next_admitted()
+    await asyncio.to_thread(GATE.entered.wait, 10)
+    return first
+
+
+async def test_deadline_exceeded_drops_queued_work(gated) -> None:
+    client, balancer, spy = gated
+    first = await hold_worker(client, spy)
+    with pytest.raises(DeadlineExceededError):
+        await client.infer("gated", {"x": np.zeros((1, 4), np.float32)}, timeout_s=0.3)
+    GATE.proceed.set()
+    await first
+    await client.infer("gated", {"x": np.ones((1, 4), np.float32)}, timeout_s=10)
+    # The expired request never ran: two requests ran, in two batches.
+    assert balancer.counters.inference_count == 2
+    assert balancer.counters.execution_count == 2
+
+
+async def test_client_cancellation_drops_queued_work(gated) -> None:
+    client, balancer, spy = gated
+    first = await hold_worker(client, spy)
+    second = asyncio.create_task(client.infer("gated", {"x": np.zeros((1, 4), np.float32)}))
+    queued = await spy.next_admitted()
+    second.cancel()
+    cancelled = asyncio.Event()
+    queued.add_done_callback(lambda _: cancelled.set())
+    await asyncio.wait_for(cancelled.wait(), 10)  # the server saw the cancellation
+    assert queued.cancelled()
+    GATE.proceed.set()
+    await first
+    assert balancer.counters.inference_count == 1  # the cancelled request never ran
+    with pytest.raises(asyncio.CancelledError):
+        await second
+
+
+async def test_full_queue_is_resource_exhausted(gated) -> None:
+    client, balancer, spy = gated
+    first = await hold_worker(client, spy)
+    second = asyncio.create_task(client.infer("gated", {"x": np.ones((1, 4), np.float32)}))
+    await spy.next_admitted()
+    with pytest.raises(ServerOverloadedError, match="limit 1"):
+        await client.infer("gated", {"x": np.ones((1, 4), np.float32)})
+    GATE.proceed.set()
+    await first
+    await second
+    assert balancer.counters.num_rejected == 1

@@ -1,0 +1,98 @@
+"""A real ``evenflow serve`` process: Triton's clients, perf_analyzer, our sync client, SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from evenflow.client import AsyncClient, Client
+from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
+from tests.conftest import TESTS_DIR
+from tests.integration.test_infer import mlp_reference
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def mlp_server(server_factory):  # type: ignore[no-untyped-def]
+    return server_factory("--model", "mlp", "--devices", "cpu", "--max-wait-ms", "0")
+
+
+def test_tritonclient_calls_evenflow_unchanged(mlp_server, tmp_path: Path) -> None:
+    # Only look: importing tritonclient here would clash with our protos (same package names).
+    if importlib.util.find_spec("tritonclient") is None:
+        pytest.skip("tritonclient is not installed")
+    out = tmp_path / "triton.npz"
+    probe = subprocess.run([sys.executable, str(TESTS_DIR / "triton_probe.py"), mlp_server.url,
+                            str(out)], capture_output=True, text=True, timeout=90)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    saved = np.load(out)
+    for case in ("raw_b1", "raw_b8", "typed_b1", "typed_b8", "aio_b8"):
+        x, y = saved[f"{case}_x"], saved[f"{case}_y"]
+        np.testing.assert_array_equal(y, mlp_reference(x), err_msg=case)  # bit for bit
+    for i in range(3):  # streamed requests may share a batch: same values, maybe not same bits
+        x, y = saved[f"stream_{i}_x"], saved[f"stream_{i}_y"]
+        np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-6)
+
+
+def perf_analyzer_command() -> list[str] | None:
+    binary = os.environ.get("EVENFLOW_PERF_ANALYZER") or shutil.which("perf_analyzer")
+    return [binary] if binary and Path(binary).exists() else None
+
+
+@pytest.mark.perf_analyzer
+def test_perf_analyzer_completes(mlp_server) -> None:
+    command = perf_analyzer_command()
+    if command is None:
+        pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
+    run = subprocess.run(
+        [*command, "-i", "grpc", "-u", mlp_server.url, "-m", "mlp", "--shape", "x:256",
+         "--concurrency-range", "1:16:4", "-p", "1000", "-s", "60", "-r", "6"],
+        capture_output=True, text=True, timeout=110)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "Concurrency: 13" in run.stdout
+    assert "Server:" in run.stdout  # it read our ModelStatistics for the server breakdown
+
+
+def test_sync_client(mlp_server) -> None:
+    x = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
+    with Client(mlp_server.url) as client:
+        assert client.server_live() and client.server_ready()
+        meta = client.model_metadata("mlp")
+        assert meta.inputs[0].shape == (-1, 256)
+        np.testing.assert_array_equal(client.infer("mlp", {"x": x}, timeout_s=10)["y"],
+                                      mlp_reference(x))
+        results = list(client.stream_infer("mlp", [{"x": x[:1]}, {"x": x[1:]}], timeout_s=10))
+    assert sorted(r.request_id for r in results) == ["0", "1"]
+    assert all(r.error is None for r in results)
+
+
+async def test_sigterm_drains_in_flight_work_then_exits_zero(server_factory) -> None:
+    server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "600",
+                            "--max-wait-ms", "0")
+    x = np.ones((1, 256), np.float32)
+    async with AsyncClient(server.url) as client:
+        await client.infer("sim", {"x": x}, timeout_s=10)  # warm
+        in_flight = asyncio.create_task(client.infer("sim", {"x": x * 3}, timeout_s=10))
+        channel = grpc.aio.insecure_channel(server.url)
+        stats = evenflow_pb2_grpc.EvenflowStatsStub(channel)
+        for _ in range(10_000):  # poll the server's own view until the request is running
+            response = await stats.GetStats(evenflow_pb2.GetStatsRequest(model_name="sim"))
+            if response.models[0].replicas[0].running_requests:
+                break
+        else:
+            pytest.fail("request never started")
+        await channel.close()
+        server.proc.send_signal(__import__("signal").SIGTERM)
+        y = await in_flight
+    np.testing.assert_array_equal(y["y"], x * 3)
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0
