@@ -10,8 +10,8 @@ from evenflow.balancer.errors import (
     EvenflowError,
     InvalidRequest,
     ModelNotFound,
-    Overloaded,
     OutOfMemory,
+    Overloaded,
     ShuttingDown,
 )
 from evenflow.balancer.estimator import LatencyFit, LatencyModel

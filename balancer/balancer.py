@@ -26,7 +26,7 @@ class BalancerConfig:
     """How one model's requests are admitted, routed and batched.
 
     Attributes:
-        policy: how a request picks a replica (``least-work`` is evenflow's; the rest are baselines).
+        policy: how a request picks a replica (``least-work``; the others are baselines).
         adaptive_batching: size batches from the latency model (else always ``max_batch``).
         max_batch: largest batch a replica runs, and the largest request admitted.
         max_wait_s: longest a request waits for its batch to fill before the batch runs anyway.

@@ -4,7 +4,7 @@ gRPC status; nothing here knows about gRPC.
     EvenflowError                  base; ``code`` says what kind of failure it is
     ├── ModelNotFound              NOT_FOUND: no such model or version
     ├── InvalidRequest             INVALID_ARGUMENT: the request does not match the model
-    ├── DeadlineExceeded           DEADLINE_EXCEEDED: the client's deadline passed before the work ran
+    ├── DeadlineExceeded           DEADLINE_EXCEEDED: the deadline passed before the work ran
     ├── Overloaded                 RESOURCE_EXHAUSTED: admission refused the request (queue full)
     ├── ShuttingDown               UNAVAILABLE: the server is draining and takes no new work
     └── BatchFailed                INTERNAL: the model raised while running the batch

@@ -43,7 +43,7 @@ class ReplicaLoad:
 
 
 def choose_least_work(loads: Sequence[ReplicaLoad], num_samples: int, rng: random.Random) -> int:
-    """The replica where a request of ``num_samples`` would finish soonest; ties broken at random."""
+    """The replica where ``num_samples`` more would finish soonest; ties broken at random."""
     best_s = math.inf
     best: list[int] = []
     for index, load in enumerate(loads):

@@ -4,6 +4,7 @@ its worker one batch at a time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -66,10 +67,8 @@ class Replica:
         """Cancel the loop (after the balancer drained it) and wait for it to end."""
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
 
     async def wait_idle(self) -> None:

@@ -78,7 +78,7 @@ def _check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -
     if shape[0] < 1:
         raise InvalidRequest(f"input {name!r} has batch dimension {shape[0]}; expected >= 1")
     for got, want in zip(shape[1:], expected[1:], strict=True):
-        if got < 0 or (want != -1 and got != want):
+        if got < 0 or want not in (-1, got):
             raise InvalidRequest(f"input {name!r} has shape {list(shape)}; expected "
                                  f"{list(expected)} (-1: any size)")
 

@@ -28,7 +28,7 @@ def build_mlp() -> ModelDefinition:
 
 @dataclass(frozen=True, slots=True)
 class EncoderSize:
-    """Transformer encoder dimensions. ``small`` runs on a laptop CPU; ``bert-base`` is BERT-base."""
+    """Transformer encoder dimensions: ``small`` suits a CPU; ``bert-base`` is BERT-base."""
 
     layers: int
     width: int

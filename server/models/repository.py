@@ -1,11 +1,11 @@
-"""Model sources from ``--model``: built-in names, ``package.module:factory`` and TorchScript files."""
+"""Model sources from ``--model``: built-in names, ``package.module:factory``, TorchScript."""
 
 from __future__ import annotations
 
 import importlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -19,7 +19,7 @@ BUILTIN_MODELS = ("mlp", "encoder", "sim")
 @dataclass(frozen=True, slots=True)
 class BuiltinOptions:
     encoder_size: str = "small"
-    sim_profile: SimProfile = SimProfile()
+    sim_profile: SimProfile = field(default_factory=SimProfile)
 
 
 def parse_model_arg(arg: str) -> tuple[str, str]:

@@ -2,7 +2,7 @@ import pytest
 
 pytest.importorskip("grpc_tools")
 
-from evenflow.proto import generate  # noqa: E402
+from evenflow.proto import generate
 
 
 def test_generated_modules_match_the_proto_sources() -> None:
