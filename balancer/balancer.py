@@ -66,6 +66,7 @@ class ModelBalancer:
         self._clock = clock
         self._rng = rng or random.Random(0)
         self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.cycle(range(len(workers)))
         shared = JobQueue() if config.policy is Policy.SHARED_QUEUE else None
         steal = (self._steal_for if config.policy is Policy.LEAST_WORK and config.work_stealing
@@ -84,6 +85,8 @@ class ModelBalancer:
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
 
     def start(self) -> None:
+        """Start the replica loops on the running event loop (the one ``submit`` is called on)."""
+        self._loop = asyncio.get_running_loop()
         for replica in self.replicas:
             replica.start()
 
@@ -106,7 +109,9 @@ class ModelBalancer:
             self.counters.num_rejected += 1
             raise Overloaded(f"model {self.model_name!r} has {self.queued_requests} requests "
                              f"queued (limit {self.config.max_queued_requests})")
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self._loop is None:
+            raise RuntimeError("ModelBalancer.start() was not called")
+        future: asyncio.Future[Any] = self._loop.create_future()
         job = Job(payload, num_samples, now_s, deadline_s, future)
         self._route(job, now_s).queue.push(job)
         return future

@@ -167,15 +167,17 @@ class Replica:
         counters.record_batch(num_samples, result.timing)
         counters.last_inference_s = time.time()
         timing = result.timing
+        num_jobs = len(jobs)
+        counters.compute_input.add(timing.copy_in_s * num_jobs, num_jobs)
+        counters.compute_infer.add(timing.compute_s * num_jobs, num_jobs)
+        counters.compute_output.add(timing.copy_out_s * num_jobs, num_jobs)
+        arrivals_s = 0.0
         for job, output in zip(jobs, result.outputs, strict=True):
-            counters.queue.add(start_s - job.arrival_s)
-            counters.compute_input.add(timing.copy_in_s)
-            counters.compute_infer.add(timing.compute_s)
-            counters.compute_output.add(timing.copy_out_s)
-            if job.future.done():  # the caller went away while the batch ran
-                continue
-            counters.success.add(now_s - job.arrival_s)
-            job.future.set_result(output)
+            arrivals_s += job.arrival_s
+            if not job.future.done():  # else the caller went away while the batch ran
+                job.future.set_result(output)
+        counters.queue.add(start_s * num_jobs - arrivals_s, num_jobs)
+        counters.success.add(now_s * num_jobs - arrivals_s, num_jobs)
 
     def _fail(self, jobs: Sequence[Job], error: BaseException) -> None:
         now_s = self._clock()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import grpc
@@ -40,14 +41,16 @@ def _server_version() -> str:
 
 
 def build_workers(name: str, definition: ModelDefinition, devices: list[DeviceSpec],
-                  dtype: torch.dtype) -> list[Worker]:
+                  dtype: torch.dtype, cpu_threads: int) -> list[Worker]:
     workers: list[Worker] = []
     for device in devices:
         if device.kind == "sim":
-            workers.append(SimWorker(model_name=name, definition=definition, device=device))
+            workers.append(SimWorker(model_name=name, definition=definition, device=device,
+                                     cpu_threads=cpu_threads))
         else:
             workers.append(TorchWorker(model_name=name, definition=definition, device=device,
-                                       dtype=dtype if device.kind == "cuda" else torch.float32))
+                                       dtype=dtype if device.kind == "cuda" else torch.float32,
+                                       cpu_threads=cpu_threads))
     return workers
 
 
@@ -66,11 +69,13 @@ class App:
     async def start(self) -> int:
         config = self.config
         torch.set_num_threads(config.cpu_threads)
+        sys.setswitchinterval(config.gil_switch_interval_s)
         devices = parse_devices(config.devices or default_devices())
         served: list[ServedModel] = []
         for name, source in config.models:
             definition = await asyncio.to_thread(load_definition, source, config.builtins)
-            workers = build_workers(name, definition, devices, _DTYPES[config.dtype])
+            workers = build_workers(name, definition, devices, _DTYPES[config.dtype],
+                                    config.cpu_threads)
             balancer = ModelBalancer(model_name=name, workers=workers, config=config.balancer)
             balancer.start()
             served.append(ServedModel(name, definition, balancer))

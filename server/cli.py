@@ -56,6 +56,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                      help="serve the admin service (set sim device speeds while serving)")
     ops.add_argument("--shutdown-grace-s", type=float, default=30.0,
                      help="on SIGTERM, how long in-flight requests get (default 30)")
+    ops.add_argument("--gil-switch-interval-us", type=float, default=200.0,
+                     help="Python GIL switch interval (default 200; Python's own is 5000)")
     ops.add_argument("--log-level", default="INFO")
 
 
@@ -74,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         devices=args.devices, cpu_threads=args.cpu_threads, dtype=args.dtype, balancer=balancer,
         builtins=BuiltinOptions(encoder_size=args.encoder_size,
                                 sim_profile=SimProfile(args.sim_base_ms, args.sim_per_sample_ms)),
-        admin=args.admin, shutdown_grace_s=args.shutdown_grace_s)
+        admin=args.admin, shutdown_grace_s=args.shutdown_grace_s,
+        gil_switch_interval_s=args.gil_switch_interval_us / 1e6)
 
 
 def _run(coroutine: Callable[[], Coroutine[Any, Any, Any]]) -> Any:

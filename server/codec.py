@@ -23,6 +23,13 @@ def decode_inputs(request: pb.ModelInferRequest,
     """The request's inputs in ``specs`` order, and the batch size they share."""
     tensors = request.inputs
     raw = request.raw_input_contents
+    if len(specs) == 1 and len(tensors) == 1 and len(raw) == 1:
+        # The common case, kept lean because it runs on the event loop for every request.
+        spec = specs[0]
+        tensor = tensors[0]
+        if tensor.name == spec.name:
+            array = _decode_tensor(tensor, spec, raw[0])
+            return [array], array.shape[0]
     if raw and len(raw) != len(tensors):
         raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for {len(tensors)} "
                              "inputs; expected one per input")

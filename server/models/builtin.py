@@ -68,4 +68,4 @@ def build_sim(profile: SimProfile) -> ModelDefinition:
     return ModelDefinition(module=SleepIdentity(profile),
                            inputs=[TensorSpec("x", "FP32", (-1, MLP_WIDTH))],
                            outputs=[TensorSpec("y", "FP32", (-1, MLP_WIDTH))],
-                           sim_profile=profile)
+                           sim_profile=profile, traceable=False)

@@ -49,6 +49,7 @@ class ModelDefinition:
     outputs: Sequence[TensorSpec]
     platform: str = "pytorch_libtorch"
     sim_profile: SimProfile = field(default_factory=SimProfile)
+    traceable: bool = True  # False when forward has effects a trace would drop (sleeps, I/O)
 
     def __post_init__(self) -> None:
         for group in (self.inputs, self.outputs):

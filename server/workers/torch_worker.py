@@ -16,6 +16,7 @@ from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.thread_worker import ThreadWorker
+from evenflow.server.workers.tracing import trace_or_keep
 
 _FLOAT_WIRE = {"FP32": torch.float32, "FP16": torch.float16, "FP64": torch.float64}
 
@@ -29,19 +30,27 @@ class TorchWorker(ThreadWorker):
     """
 
     def __init__(self, *, model_name: str, definition: ModelDefinition, device: DeviceSpec,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, cpu_threads: int = 1) -> None:
         self._definition = definition
+        self._cpu_threads = cpu_threads
         self._device = torch.device("cuda", device.index) if device.kind == "cuda" else \
             torch.device("cpu")
         self._dtype = dtype
-        self._module = definition.module.to(self._device)
+        module = definition.module.to(self._device)
         if dtype != torch.float32:
-            self._module = self._module.to(dtype)
+            module = module.to(dtype)
+        if definition.traceable:
+            module = trace_or_keep(module, definition.inputs, name=model_name,
+                                   device=self._device, float_dtype=dtype)
+        self._module = module
         self._stream: Any = None
         super().__init__(name=f"{model_name}@{device.name}", devices=[device.name])
 
     @contextlib.contextmanager
     def _thread_main_context(self) -> Iterator[None]:
+        # NOTE: OpenMP's thread count is per calling thread; set here, not on the main thread, or
+        # this thread runs a default-sized team whose idle members spin on the loop's core.
+        torch.set_num_threads(self._cpu_threads)
         with torch.inference_mode():
             if self._device.type == "cuda":
                 torch.cuda.set_device(self._device)
@@ -114,11 +123,11 @@ class SimWorker(TorchWorker):
     model's ``sim_profile`` cost divided by this device's speed. The speed can change while
     serving (``set_speed``, the admin RPC) to reproduce a device that slows down."""
 
-    def __init__(self, *, model_name: str, definition: ModelDefinition,
-                 device: DeviceSpec) -> None:
+    def __init__(self, *, model_name: str, definition: ModelDefinition, device: DeviceSpec,
+                 cpu_threads: int = 1) -> None:
         self.speed = device.speed
         super().__init__(model_name=model_name, definition=definition,
-                         device=DeviceSpec("cpu", 0, device.name))
+                         device=DeviceSpec("cpu", 0, device.name), cpu_threads=cpu_threads)
 
     def set_speed(self, speed: float) -> float:
         if speed <= 0:

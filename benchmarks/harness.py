@@ -1,0 +1,131 @@
+"""Shared pieces of the benchmarks: start servers as processes, run perf_analyzer, record the
+machine, write JSON. Benchmarks report ratios measured side by side in one run."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    url: str
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds the server process has used so far."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+def start(argv: list[str], log_path: Path, timeout_s: float = 120.0) -> Server:
+    """Start a server that prints ``... listening on HOST:PORT`` once it serves."""
+    log = log_path.open("w")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    log.close()
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline and selector.select(deadline - time.monotonic()):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if "listening on " in line:
+                return Server(proc, line.split()[-1])
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"{argv} did not start; log: {log_path}")
+
+
+def evenflow_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0",
+            "--log-level", "WARNING", *args]
+
+
+def perf_analyzer_binary() -> str:
+    for candidate in (os.environ.get("EVENFLOW_PERF_ANALYZER"),
+                      str(REPO / ".tools" / "bin" / "perf_analyzer"),
+                      shutil.which("perf_analyzer")):
+        if candidate and Path(candidate).exists():
+            return candidate
+    raise SystemExit("perf_analyzer not found: run ./scripts/setup.sh --perf-analyzer")
+
+
+@dataclass
+class PerfPoint:
+    concurrency: int
+    infer_per_s: float
+    p50_ms: float
+    p99_ms: float
+    stable: bool
+    generator_cpu_s: float
+
+
+def perf_analyzer(url: str, model: str, concurrency: int, out_dir: Path, *, shape: str = "x:256",
+                  batch: int = 1, window_ms: int = 3000, extra: tuple[str, ...] = ()) -> PerfPoint:
+    """One closed-loop point. An unstable measurement is kept and flagged, not dropped."""
+    csv_path = out_dir / f"pa_{model}_{concurrency}_{time.monotonic_ns()}.csv"
+    before = os.times()
+    run = subprocess.run(
+        [perf_analyzer_binary(), "-i", "grpc", "-u", url, "-m", model, "--shape", shape,
+         "-b", str(batch), "--concurrency-range", f"{concurrency}:{concurrency}",
+         "-p", str(window_ms), "-s", "60", "-r", "6", "-f", str(csv_path), *extra],
+        check=False, capture_output=True, text=True, timeout=300)
+    after = os.times()
+    generator_cpu_s = (after.children_user - before.children_user
+                       + after.children_system - before.children_system)
+    stable = run.returncode == 0 and "unstable" not in run.stdout.lower()
+    if not csv_path.exists():
+        raise RuntimeError(f"perf_analyzer failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+    with csv_path.open() as f:
+        row = next(csv.DictReader(f))
+    return PerfPoint(concurrency, float(row["Inferences/Second"]),
+                     float(row["p50 latency"]) / 1000.0, float(row["p99 latency"]) / 1000.0,
+                     stable, generator_cpu_s)
+
+
+def machine() -> dict[str, Any]:
+    import grpc
+    import torch
+
+    return {"cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "grpcio": grpc.__version__,
+            "platform": platform.platform()}
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"command": " ".join(sys.argv), "machine": machine(), **payload}
+    path.write_text(json.dumps(payload, indent=2, default=str))
+    print(f"wrote {path}")
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
