@@ -1,6 +1,11 @@
 """evenflow serving ``mlp`` on one CPU device vs a bare grpc.aio+uvloop echo server, both under
 perf_analyzer (closed loop, 1-sample requests) at the same concurrencies, alternated A B A B.
 
+A third server, ``ef-noop``, is evenflow serving a model that costs nothing (the ``sim`` model at
+0 ms on a ``sim`` device, served under the name ``mlp``): the gap between it and ``echo`` is
+evenflow's own per-request cost (decode, admission, routing, batching, two thread hops, encode);
+the gap between it and ``evenflow`` is the model's compute competing for the same two cores.
+
     python -m benchmarks.frontend_overhead [--concurrency 1,16,64] [--repeats 3]
 
 Prints infer/s, p50 and p99 (median over repeats, with min..max) and the ratio evenflow / echo
@@ -42,6 +47,10 @@ def main() -> None:
         "evenflow": start(evenflow_argv("--model", "mlp", "--devices", "cpu",
                                         *args.evenflow_args.split()),
                           args.out / "evenflow.log"),
+        "ef-noop": start(evenflow_argv("--model", "mlp=sim", "--devices", "sim:1",
+                                       "--sim-base-ms", "0", "--sim-per-sample-ms", "0",
+                                       *args.evenflow_args.split()),
+                         args.out / "ef-noop.log"),
     }
     results: dict[str, dict[int, list[PerfPoint]]] = {n: {c: [] for c in concurrencies}
                                                       for n in servers}
