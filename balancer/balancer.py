@@ -123,7 +123,13 @@ class ModelBalancer:
         policy = self.config.policy
         if policy is Policy.LEAST_WORK:
             loads = [replica.load(now_s) for replica in replicas]
-            return replicas[choose_least_work(loads, job.num_samples, self._rng)]
+            chosen = replicas[choose_least_work(loads, job.num_samples, self._rng)]
+            # The router is the only source of work for a replica's queue: a partial batch the
+            # router just passed over will not fill, so it should not keep waiting.
+            for replica in replicas:
+                if replica.forming and replica is not chosen:
+                    replica.close_forming_batch()
+            return chosen
         if policy is Policy.POW2:
             loads = [replica.load(now_s) for replica in replicas]
             return replicas[choose_pow2(loads, self._rng)]

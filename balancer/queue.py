@@ -94,6 +94,10 @@ class JobQueue:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
 
+    def wake(self) -> None:
+        """Wake the replicas waiting on this queue without adding a job."""
+        self._wake()
+
     def _wake(self) -> None:
         if self._waiters:
             waiters, self._waiters = self._waiters, []

@@ -23,8 +23,9 @@ logger = logging.getLogger(__name__)
 class Replica:
     """Drives one worker.
 
-    The loop takes a batch from the queue when the queue holds the controller's batch size, or
-    when the oldest job has waited ``max_wait_s``; runs it on the worker; feeds the measured time
+    The loop takes a batch from the queue when the queue holds the controller's batch size, when
+    the oldest job has waited ``max_wait_s``, or when the balancer says no more work is coming
+    (``close_forming_batch``); runs it on the worker; feeds the measured time
     to the latency model and the controller; resolves each job's future. When its queue is empty
     it calls ``on_idle`` (the balancer's work stealing), and again every ``idle_poll_s`` while it
     stays idle, so a replica whose estimate is wrong (and gets no new work) still takes work.
@@ -54,6 +55,8 @@ class Replica:
         self._task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        self.forming = False  # a partial batch is waiting for more work (up to max_wait_s)
+        self._close_early = False
 
     @property
     def name(self) -> str:
@@ -73,6 +76,13 @@ class Replica:
 
     async def wait_idle(self) -> None:
         await self._idle.wait()
+
+    def close_forming_batch(self) -> None:
+        """Run the partial batch now: the router sent the latest work elsewhere, so waiting
+        for it to fill would only delay the requests already in it."""
+        if self.forming:
+            self._close_early = True
+            self.queue.wake()
 
     def load(self, now_s: float) -> ReplicaLoad:
         fit = self.estimator.fit
@@ -114,11 +124,11 @@ class Replica:
             self._idle.clear()
             now_s = self._clock()
             size = self.controller.batch_size
-            if queue.num_samples >= size or self._max_wait_s <= 0.0:
-                return queue.take(size, now_s)
             wait_s = queue.oldest_arrival_s + self._max_wait_s - now_s
-            if wait_s <= 0.0:
+            if queue.num_samples >= size or wait_s <= 0.0 or self._close_early:
+                self.forming = self._close_early = False
                 return queue.take(size, now_s)
+            self.forming = True
             await queue.wait_changed(wait_s)
 
     async def _execute(self, jobs: list[Job]) -> None:

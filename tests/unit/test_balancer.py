@@ -252,3 +252,18 @@ def _job(balancer: ModelBalancer, payload: object):
     from evenflow.balancer import Job
 
     return Job(payload, 1, 1000.0, math.inf, asyncio.get_running_loop().create_future())
+
+
+async def test_partial_batch_passed_over_by_the_router_runs_without_waiting(
+        make_balancer, clock: FakeClock) -> None:
+    workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
+    # A long max wait: only the early close can start the first batch within this test.
+    balancer = make_balancer(workers, max_wait_s=3600.0, max_batch=8, work_stealing=False)
+    balancer.submit("first", 1)
+    await settle()
+    forming = next(r for r in balancer.replicas if len(r.queue))
+    assert forming.forming and not forming.worker.batches  # type: ignore[attr-defined]
+    balancer.submit("second", 1)  # least work: the idle, empty replica
+    await settle()
+    assert forming.worker.batches == [[1]]  # type: ignore[attr-defined]
+    assert not forming.forming

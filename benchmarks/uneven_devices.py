@@ -1,0 +1,208 @@
+"""Balancing policies on uneven devices: ``sim`` model on ``sim:1,sim:1,sim:0.5,sim:0.25``.
+
+    python -m benchmarks.uneven_devices [--seconds 6] [--concurrency 64]
+
+For each policy (least-work, round-robin, shared-queue, pow2), in one run, against a fresh server:
+  * closed loop at ``--concurrency`` (saturating): throughput, its ratio to the sum of what each
+    device achieves alone under the same settings (measured in this run), and the spread
+    (max - min) of per-device busy fractions, from the server's own stats;
+  * open loop, Poisson, at 80 % of least-work's closed-loop throughput: p50 / p99.
+Then, least-work again with device sim0 slowed 4x through the admin RPC mid-run: time until
+throughput is back to >= 0.9 of the new capacity (sum of devices alone at the new speeds).
+Writes .bench/uneven_devices.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+
+from benchmarks.harness import REPO, Server, evenflow_argv, start, write_json
+from evenflow.proto import evenflow_pb2 as ef
+from evenflow.proto import evenflow_pb2_grpc as ef_grpc
+from loadtest.arrivals import Arrival, send_times_s
+from loadtest.histogram import LatencyHistogram
+from loadtest.runner import OK, Target, binned_throughput, closed_loop, mlp_like_request, open_loop
+
+DEVICES = "sim:1,sim:1,sim:0.5,sim:0.25"
+POLICIES = ("least-work", "round-robin", "shared-queue", "pow2")
+
+
+def start_sim_server(devices: str, policy: str, out: Path, tag: str) -> Server:
+    return start(evenflow_argv("--model", "sim", "--devices", devices, "--policy", policy,
+                               "--admin", "--max-queued-requests", "100000"),
+                 out / f"{tag}.log")
+
+
+async def get_stats(url: str) -> ef.GetStatsResponse:
+    async with grpc.aio.insecure_channel(url) as channel:
+        return await ef_grpc.EvenflowStatsStub(channel).GetStats(ef.GetStatsRequest())
+
+
+async def set_speed(url: str, device: str, speed: float) -> None:
+    async with grpc.aio.insecure_channel(url) as channel:
+        await ef_grpc.EvenflowAdminStub(channel).SetDeviceSpeed(
+            ef.SetDeviceSpeedRequest(device=device, speed=speed))
+
+
+async def saturate(url: str, concurrency: int, seconds: float, warmup_s: float) -> dict:
+    """Closed loop; throughput and busy fractions over the window after the warm-up."""
+    target = Target(url, mlp_like_request("sim", "x", [1, 256]))
+    try:
+        await closed_loop(target, concurrency=concurrency, duration_s=warmup_s)
+        before = await get_stats(url)
+        t0 = time.monotonic()
+        records = await closed_loop(target, concurrency=concurrency, duration_s=seconds)
+        t1 = time.monotonic()
+        after = await get_stats(url)
+    finally:
+        await target.close()
+    ok = [r for r in records if r.status == OK]
+    busy = {}
+    for old, new in zip(before.models[0].replicas, after.models[0].replicas, strict=True):
+        busy[new.devices[0]] = (new.busy_s - old.busy_s) / (t1 - t0)
+    batch_sizes = {r.devices[0]: r.batch_size for r in after.models[0].replicas}
+    return {"throughput_per_s": len(ok) / (t1 - t0), "errors": len(records) - len(ok),
+            "busy_fraction": busy, "busy_spread": max(busy.values()) - min(busy.values()),
+            "batch_size": batch_sizes}
+
+
+async def open_loop_point(url: str, rate_per_s: float, seconds: float, seed: int) -> dict:
+    target = Target(url, mlp_like_request("sim", "x", [1, 256]))
+    try:
+        await closed_loop(target, concurrency=8, duration_s=1.0)  # warm the controllers
+        records, dropped = await open_loop(
+            target, send_times_s(Arrival.parse("poisson"), rate_per_s, seconds, seed))
+    finally:
+        await target.close()
+    hist = LatencyHistogram()
+    hist.record_all_s(r.latency_s for r in records if r.status == OK)
+    lag_ms = sorted((r.sent_s - r.intended_s) * 1000 for r in records)
+    return {"rate_per_s": rate_per_s, "summary_ms": hist.summary_ms(),
+            "errors": sum(1 for r in records if r.status != OK), "dropped": dropped,
+            "generator_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))] if lag_ms else 0.0}
+
+
+async def slowdown(url: str, concurrency: int, before_s: float, after_s: float,
+                   new_capacity: float) -> dict:
+    """Slow sim0 4x mid-run; report throughput over time and the recovery time."""
+    target = Target(url, mlp_like_request("sim", "x", [1, 256]))
+    try:
+        await closed_loop(target, concurrency=concurrency, duration_s=2.0)
+        t0 = time.monotonic()
+        run = asyncio.create_task(closed_loop(target, concurrency=concurrency,
+                                              duration_s=before_s + after_s))
+        await asyncio.sleep(before_s)  # the scenario's timeline, not a synchronization
+        t_slow = time.monotonic()
+        await set_speed(url, "sim0", 0.25)
+        records = await run
+    finally:
+        await target.close()
+    bin_s = 0.25
+    window_bins = 4  # a 1 s sliding window
+    series = binned_throughput(records, t0, t0 + before_s + after_s, bin_s)
+    first_after = int((t_slow - t0) / bin_s)
+    recovered_s = None
+    for i in range(first_after, len(series) - window_bins + 1):
+        window = sum(series[i:i + window_bins]) / window_bins
+        if window >= 0.9 * new_capacity:
+            recovered_s = max(0.0, (i + window_bins) * bin_s - (t_slow - t0))
+            break
+    steady = series[-int(2.0 / bin_s):]
+    return {"bin_s": bin_s, "throughput_series": series, "slowed_at_s": t_slow - t0,
+            "new_capacity_per_s": new_capacity,
+            "throughput_last_2s_per_s": sum(steady) / len(steady),
+            "recovered_within_s": recovered_s}
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    alone: dict[str, float] = {}
+    for speed in ("1", "0.5", "0.25"):
+        server = start_sim_server(f"sim:{speed}", "least-work", out, f"alone_{speed}")
+        try:
+            result = await saturate(server.url, args.concurrency, args.seconds, args.warmup_s)
+        finally:
+            server.stop()
+        alone[speed] = result["throughput_per_s"]
+        print(f"alone sim:{speed}: {alone[speed]:.1f} req/s (batch {result['batch_size']})",
+              flush=True)
+    capacity = 2 * alone["1"] + alone["0.5"] + alone["0.25"]
+    new_capacity = alone["1"] + alone["0.25"] + alone["0.5"] + alone["0.25"]
+
+    results: dict[str, dict] = {}
+    for policy in POLICIES:
+        server = start_sim_server(DEVICES, policy, out, policy)
+        try:
+            closed = await saturate(server.url, args.concurrency, args.seconds, args.warmup_s)
+            results[policy] = {"closed": closed}
+        finally:
+            server.stop()
+        print(f"{policy}: {closed['throughput_per_s']:.1f} req/s, busy spread "
+              f"{closed['busy_spread']:.3f}", flush=True)
+    rate = 0.8 * results["least-work"]["closed"]["throughput_per_s"]
+    for policy in POLICIES:
+        server = start_sim_server(DEVICES, policy, out, f"{policy}_open")
+        try:
+            results[policy]["open"] = await open_loop_point(server.url, rate, args.seconds,
+                                                            args.seed)
+        finally:
+            server.stop()
+        summary = results[policy]["open"]["summary_ms"]
+        print(f"{policy} @ {rate:.0f}/s: p50 {summary.get('p50', 0):.1f} ms "
+              f"p99 {summary.get('p99', 0):.1f} ms", flush=True)
+
+    server = start_sim_server(DEVICES, "least-work", out, "slowdown")
+    try:
+        slow = await slowdown(server.url, args.concurrency, 3.0, 6.0, new_capacity)
+    finally:
+        server.stop()
+
+    print(f"\ndevices {DEVICES}; sum of devices alone: {capacity:.1f} req/s "
+          f"(sim:1 {alone['1']:.1f}, sim:0.5 {alone['0.5']:.1f}, sim:0.25 {alone['0.25']:.1f})")
+    print(f"{'policy':>13} {'req/s':>7} {'/sum':>6} {'/rr':>6} {'busy spread':>12} "
+          f"{'p50@80%':>8} {'p99@80%':>8} {'p99/sq':>7}")
+    rr = results["round-robin"]["closed"]["throughput_per_s"]
+    sq_p99 = results["shared-queue"]["open"]["summary_ms"].get("p99", float("nan"))
+    rows = []
+    for policy in POLICIES:
+        closed, open_ = results[policy]["closed"], results[policy]["open"]
+        tput = closed["throughput_per_s"]
+        p50 = open_["summary_ms"].get("p50", float("nan"))
+        p99 = open_["summary_ms"].get("p99", float("nan"))
+        row = {"policy": policy, "throughput_per_s": tput, "ratio_to_sum": tput / capacity,
+               "ratio_to_round_robin": tput / rr, "busy_spread": closed["busy_spread"],
+               "busy_fraction": closed["busy_fraction"], "batch_size": closed["batch_size"],
+               "open_loop": open_}
+        rows.append(row)
+        print(f"{policy:>13} {tput:>7.1f} {tput / capacity:>6.3f} {tput / rr:>6.2f} "
+              f"{closed['busy_spread'] * 100:>10.1f}pp {p50:>8.1f} {p99:>8.1f} "
+              f"{p99 / sq_p99:>7.2f}")
+    recovered = slow["recovered_within_s"]
+    print(f"\nslow-down: sim0 set to 0.25 at t={slow['slowed_at_s']:.2f} s; new capacity "
+          f"{new_capacity:.1f} req/s; last 2 s {slow['throughput_last_2s_per_s']:.1f} req/s "
+          f"({slow['throughput_last_2s_per_s'] / new_capacity:.2f}); back to >= 0.9 within "
+          f"{'never' if recovered is None else f'{recovered:.2f} s'}")
+    write_json(out / "uneven_devices.json", {
+        "devices": DEVICES, "alone_per_s": alone, "capacity_per_s": capacity,
+        "open_loop_rate_per_s": rate, "rows": rows, "slowdown": slow,
+        "settings": vars(args) | {"out": str(args.out)}})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=6.0)
+    parser.add_argument("--warmup-s", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=REPO / ".bench")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
