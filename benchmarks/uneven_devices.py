@@ -119,9 +119,8 @@ async def slowdown(url: str, concurrency: int, before_s: float, after_s: float,
             "recovered_within_s": recovered_s}
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a linear script
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
     alone: dict[str, float] = {}
     for speed in ("1", "0.5", "0.25"):
         server = start_sim_server(f"sim:{speed}", "least-work", out, f"alone_{speed}")
@@ -201,7 +200,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
-    asyncio.run(main_async(parser.parse_args()))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -258,7 +258,8 @@ async def test_partial_batch_passed_over_by_the_router_runs_without_waiting(
         make_balancer, clock: FakeClock) -> None:
     workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
     # A long max wait: only the early close can start the first batch within this test.
-    balancer = make_balancer(workers, max_wait_s=3600.0, max_batch=8, work_stealing=False)
+    balancer = make_balancer(workers, max_wait_s=3600.0, max_batch=8, work_stealing=False,
+                             adaptive_batching=False)
     balancer.submit("first", 1)
     await settle()
     forming = next(r for r in balancer.replicas if len(r.queue))
