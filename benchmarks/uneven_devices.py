@@ -22,11 +22,18 @@ from pathlib import Path
 import grpc
 
 from benchmarks.harness import REPO, Server, evenflow_argv, start, write_json
+from evenflow.loadtest.arrivals import Arrival, send_times_s
+from evenflow.loadtest.histogram import LatencyHistogram
+from evenflow.loadtest.runner import (
+    OK,
+    Target,
+    binned_throughput,
+    closed_loop,
+    mlp_like_request,
+    open_loop,
+)
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
-from loadtest.arrivals import Arrival, send_times_s
-from loadtest.histogram import LatencyHistogram
-from loadtest.runner import OK, Target, binned_throughput, closed_loop, mlp_like_request, open_loop
 
 DEVICES = "sim:1,sim:1,sim:0.5,sim:0.25"
 POLICIES = ("least-work", "round-robin", "shared-queue", "pow2")

@@ -84,11 +84,13 @@ async def closed_loop(target: Target, *, concurrency: int,
 
 
 async def open_loop(target: Target, send_offsets_s: Sequence[float], *,
-                    max_outstanding: int = 20_000) -> tuple[list[RequestRecord], int]:
-    """Send at ``start + offset`` for each offset. Returns the records and how many requests were
-    not sent because ``max_outstanding`` were already in flight (counted as generator drops)."""
+                    max_outstanding: int = 20_000,
+                    start_s: float | None = None) -> tuple[list[RequestRecord], int]:
+    """Send at ``start_s + offset`` for each offset (``start_s``: monotonic, default now).
+    Returns the records and how many requests were not sent because ``max_outstanding`` were
+    already in flight (counted as generator drops)."""
     now = time.monotonic
-    start_s = now() + 0.05
+    start_s = now() if start_s is None else start_s
     records: list[RequestRecord] = []
     tasks: set[asyncio.Task[None]] = set()
     dropped = 0

@@ -1,0 +1,169 @@
+"""``evenflow loadtest``: measure any KServe v2 gRPC server.
+
+    evenflow loadtest --url 127.0.0.1:8001 --model mlp --concurrency 1,8,64 --out results/mlp
+    evenflow loadtest --url ... --model mlp --rate 200,500,1000 --arrival gamma:2 --out ...
+    evenflow loadtest --url ... --model sim --scenario loadtest/scenarios/burst.toml --out ...
+    evenflow loadtest compare results/least-work results/round-robin
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from evenflow.loadtest.compare import compare
+from evenflow.loadtest.inputs import build_request, fetch_metadata, generated_arrays, npz_arrays
+from evenflow.loadtest.progress import LiveView, Progress
+from evenflow.loadtest.report import environment, write_results
+from evenflow.loadtest.runner import Target, binned_throughput
+from evenflow.loadtest.scenario import load_scenario, run_scenario
+from evenflow.loadtest.server_stats import ServerWatcher
+from evenflow.loadtest.sweep import LoadSpec, PointResult, generate, summarize
+
+
+def _floats(text: str) -> list[float]:
+    return [float(v) for v in text.split(",") if v.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="evenflow loadtest", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[2:]))
+    p.add_argument("--url", required=True, help="HOST:PORT of a KServe v2 gRPC server")
+    p.add_argument("--model", required=True)
+    load = p.add_mutually_exclusive_group(required=True)
+    load.add_argument("--concurrency", type=_floats, help="closed loop: comma list of N")
+    load.add_argument("--rate", type=_floats, help="open loop: comma list of requests/s")
+    load.add_argument("--scenario", type=Path, help="a TOML timeline (see loadtest/scenarios)")
+    p.add_argument("--arrival", default="poisson", help="poisson | constant | gamma:CV")
+    p.add_argument("--duration-s", type=float, default=10.0, help="per point (default 10)")
+    p.add_argument("--warmup-s", type=float, default=2.0, help="per point, not measured")
+    p.add_argument("--batch", type=int, default=1, help="samples per request (default 1)")
+    p.add_argument("--streaming", action="store_true", help="use ModelStreamInfer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inputs", type=Path, help=".npz with one array per input name")
+    p.add_argument("--procs", type=int, default=1, help="generator processes (default 1)")
+    p.add_argument("--timeout-s", type=float, default=30.0, help="per-request deadline")
+    p.add_argument("--label", default="", help="name of this run in compare tables")
+    p.add_argument("--out", type=Path, required=True, help="folder for results and plots")
+    return p
+
+
+async def run_points(args: argparse.Namespace, request_bytes: bytes) -> list[dict[str, Any]]:
+    mode = "concurrency" if args.concurrency else "rate"
+    values = args.concurrency or args.rate
+    view = LiveView()
+    points = []
+    for value in values:
+        # Spawned generator processes need a few seconds to import; all start together then.
+        start_s = time.monotonic() + (4.0 if args.procs > 1 else 0.05)
+        spec = LoadSpec(args.url, request_bytes, mode, value, args.warmup_s + args.duration_s,
+                        args.arrival, args.seed, args.streaming, args.timeout_s, start_s)
+        watcher = ServerWatcher(args.url, args.model)
+        progress = Progress()
+        label = f"{value:g} {'conc' if mode == 'concurrency' else 'req/s'}"
+
+        async def watch_after_warmup(watcher: ServerWatcher = watcher,
+                                     start_s: float = start_s) -> None:
+            await asyncio.sleep(max(0.0, start_s + args.warmup_s - time.monotonic()))
+            await watcher.start(start_s + args.warmup_s)
+
+        watching = asyncio.create_task(watch_after_warmup())
+        drawing = asyncio.create_task(view.watch(progress, label, spec.duration_s))
+        try:
+            shares = await generate(spec, args.procs, progress)
+        finally:
+            drawing.cancel()
+        await watching
+        server = await watcher.stop()
+        result = summarize(spec, shares, start_s, args.warmup_s)
+        result.duration_s = args.duration_s
+        result.server = server.as_dict()
+        point = result.as_dict() | {"warmup_s": args.warmup_s}
+        points.append(point)
+        _print_point(result)
+    return points
+
+
+def _print_point(result: PointResult) -> None:
+    latency = result.latency_ms
+    errors = sum(v for k, v in result.status_counts.items() if k != "OK")
+    unit = {"concurrency": "conc", "rate": "req/s"}.get(result.mode, "")
+    name = f"{result.value:>7g} {unit:<5}" if unit else f"{result.mode:>13}"
+    print(f"{name} {result.throughput_per_s:>9.1f} req/s  "
+          f"p50 {latency.get('p50', float('nan')):7.2f}  "
+          f"p90 {latency.get('p90', float('nan')):7.2f}"
+          f"  p99 {latency.get('p99', float('nan')):7.2f}  p99.9 "
+          f"{latency.get('p99.9', float('nan')):7.2f} ms  errors {errors}  "
+          f"gen cpu {result.generator_cpu_fraction:.0%}", flush=True)
+    breakdown = result.server.get("breakdown_ms", {})
+    if breakdown:
+        print("        server: " + "  ".join(f"{k} {v:.2f} ms" for k, v in breakdown.items()))
+    for warning in result.warnings:
+        print(f"        warning: {warning}", file=sys.stderr)
+
+
+async def run_timeline(args: argparse.Namespace, request_bytes: bytes) -> list[dict[str, Any]]:
+    from evenflow.proto import grpc_service_pb2 as pb
+
+    scenario = load_scenario(args.scenario)
+    target = Target(args.url, pb.ModelInferRequest.FromString(request_bytes),
+                    timeout_s=args.timeout_s)
+    watcher = ServerWatcher(args.url, args.model)
+    await watcher.start(time.monotonic())
+    try:
+        records, events, start_s = await run_scenario(scenario, target, args.seed)
+    finally:
+        await target.close()
+    server = await watcher.stop()
+    spec = LoadSpec(args.url, request_bytes, "scenario", 0, scenario.duration_s)
+    import numpy as np
+
+    from evenflow.loadtest.sweep import RECORD_DTYPE, GeneratorShare
+
+    array = np.array([(r.intended_s, r.sent_s, r.done_s, r.status) for r in records],
+                     dtype=RECORD_DTYPE)
+    result = summarize(spec, [GeneratorShare(array, 0.0, scenario.duration_s, 0)], start_s, 0.0)
+    result.server = server.as_dict()
+    point = result.as_dict() | {"warmup_s": 0.0, "scenario": scenario.name,
+                                "events": events,
+                                "throughput_series_bin_s": 0.25,
+                                "throughput_series": binned_throughput(
+                                    records, start_s, start_s + scenario.duration_s, 0.25)}
+    for t_s, what in events:
+        print(f"  t={t_s:6.2f} s  {what}")
+    _print_point(result)
+    return [point]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        compare_parser = argparse.ArgumentParser(prog="evenflow loadtest compare")
+        compare_parser.add_argument("dirs", nargs="+", type=Path)
+        compare_parser.add_argument("--out", type=Path, default=None)
+        compare_args = compare_parser.parse_args(argv[1:])
+        print(compare(compare_args.dirs, compare_args.out))
+        return 0
+    args = parser().parse_args(argv)
+    metadata = fetch_metadata(args.url, args.model)
+    arrays = (npz_arrays(args.inputs, metadata) if args.inputs
+              else generated_arrays(metadata, args.batch, args.seed))
+    request_bytes = build_request(args.model, arrays).SerializeToString()
+    runner = run_timeline if args.scenario else run_points
+    points = asyncio.run(runner(args, request_bytes))
+    write_results(args.out, {"url": args.url, "model": args.model, "label": args.label,
+                             "environment": environment(), "settings": {
+                                 k: str(v) if isinstance(v, Path) else v
+                                 for k, v in vars(args).items()},
+                             "points": points})
+    print(f"results in {args.out}/ (results.json, results.csv, report.md, plots)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
