@@ -157,8 +157,7 @@ class ModelBalancer:
         self._closing = True
         while self.queued_requests or any(r.load(self._clock()).running_requests
                                           for r in self.replicas):
-            await asyncio.gather(*(replica.wait_idle() for replica in self.replicas))
-            await asyncio.sleep(0)
+            await asyncio.gather(*(replica.wait_quiet() for replica in self.replicas))
 
     async def close(self) -> None:
         """Stop the replica loops and fail anything still queued (call ``drain`` first)."""

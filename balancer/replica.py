@@ -52,9 +52,13 @@ class Replica:
         self._running_since_s: float | None = None
         self._running_end_s = 0.0
         self._running_requests = 0
+        self._max_in_flight = max(1, int(getattr(worker, "max_in_flight", 1)))
+        self._in_flight: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()
+        self._idle = asyncio.Event()  # nothing queued
         self._idle.set()
+        self._quiet = asyncio.Event()  # nothing queued and nothing running
+        self._quiet.set()
         self.forming = False  # a partial batch is waiting for more work (up to max_wait_s)
         self._close_early = False
 
@@ -67,15 +71,18 @@ class Replica:
             self._task = asyncio.create_task(self._run(), name=f"replica:{self.name}")
 
     async def stop(self) -> None:
-        """Cancel the loop (after the balancer drained it) and wait for it to end."""
-        if self._task is not None:
-            self._task.cancel()
+        """Cancel the loop and any batch in flight (after the balancer drained them)."""
+        tasks = [t for t in (self._task, *self._in_flight) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._task = None
 
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
+    async def wait_quiet(self) -> None:
+        """Return once nothing is queued and no batch is running."""
+        await self._quiet.wait()
 
     def close_forming_batch(self) -> None:
         """Run the partial batch now: the router sent the latest work elsewhere, so waiting
@@ -106,16 +113,31 @@ class Replica:
             batch_size_counts=dict(self.stats.batch_size_counts))
 
     async def _run(self) -> None:
+        if self._max_in_flight == 1:
+            while True:
+                jobs = await self._next_batch()
+                if jobs:
+                    await self._execute(jobs)
+        # A pipeline takes several batches at once: one per stage, plus one waiting at the door.
+        slots = asyncio.Semaphore(self._max_in_flight)
         while True:
+            await slots.acquire()
             jobs = await self._next_batch()
-            if jobs:
-                await self._execute(jobs)
+            if not jobs:
+                slots.release()
+                continue
+            task = asyncio.create_task(self._execute(jobs))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+            task.add_done_callback(lambda _: slots.release())
 
     async def _next_batch(self) -> list[Job]:
         queue = self.queue
         while True:
             if not len(queue):
                 self._idle.set()
+                if not self._running_requests:
+                    self._quiet.set()
                 if self._on_idle is not None:
                     self._on_idle(self)
                 if not len(queue):
@@ -134,9 +156,14 @@ class Replica:
     async def _execute(self, jobs: list[Job]) -> None:
         num_samples = sum(job.num_samples for job in jobs)
         start_s = self._clock()
-        self._running_since_s = start_s
-        self._running_end_s = start_s + self.estimator.predict_s(num_samples)
-        self._running_requests = len(jobs)
+        if not self._running_requests:
+            self._running_since_s = start_s
+            self._running_end_s = start_s
+        # Batches in flight drain one per predicted batch time (a pipeline's slowest stage).
+        self._running_end_s = max(self._running_end_s, start_s) + \
+            self.estimator.predict_s(num_samples)
+        self._running_requests += len(jobs)
+        self._quiet.clear()
         try:
             result = await self.worker.run(jobs)
         except OutOfMemory as exc:
@@ -158,8 +185,11 @@ class Replica:
             self._fail(jobs, BatchFailed(f"{type(exc).__name__}: {exc}"))
             return
         finally:
-            self._running_requests = 0
-            self._running_since_s = None
+            self._running_requests -= len(jobs)
+            if not self._running_requests:
+                self._running_since_s = None
+                if not len(self.queue):
+                    self._quiet.set()
         self._complete(jobs, num_samples, start_s, result)
 
     def _complete(self, jobs: list[Job], num_samples: int, start_s: float,

@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from evenflow.balancer.errors import BatchFailed, OutOfMemory
@@ -15,10 +14,9 @@ from evenflow.balancer.job import BatchResult, BatchTiming, Job
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
 from evenflow.server.workers.thread_worker import ThreadWorker
 from evenflow.server.workers.tracing import trace_or_keep
-
-_FLOAT_WIRE = {"FP32": torch.float32, "FP16": torch.float16, "FP64": torch.float64}
 
 
 class TorchWorker(ThreadWorker):
@@ -66,8 +64,7 @@ class TorchWorker(ThreadWorker):
 
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
         t0 = time.perf_counter()
-        inputs = [self._to_device(_concat([job.payload[i] for job in jobs]), spec.datatype)
-                  for i, spec in enumerate(self._definition.inputs)]
+        inputs = batch_inputs(jobs, self._definition.inputs, self._device, self._dtype)
         self._sync()
         t1 = time.perf_counter()
         try:
@@ -78,44 +75,9 @@ class TorchWorker(ThreadWorker):
         except Exception as exc:
             raise BatchFailed(f"model raised {type(exc).__name__}: {exc}") from exc
         t2 = time.perf_counter()
-        outputs = [self._to_host(t, spec.datatype)
-                   for t, spec in zip(self._order_outputs(raw_outputs), self._definition.outputs,
-                                      strict=True)]
-        per_job = _split(outputs, [job.num_samples for job in jobs])
+        per_job = outputs_per_job(raw_outputs, self._definition.outputs, jobs)
         t3 = time.perf_counter()
         return BatchResult(per_job, BatchTiming(t1 - t0, t2 - t1, t3 - t2))
-
-    def _to_device(self, array: np.ndarray, datatype: str) -> torch.Tensor:
-        if datatype == "BF16":
-            tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-        else:
-            tensor = torch.from_numpy(array)
-        tensor = tensor.to(self._device, non_blocking=True)
-        if tensor.is_floating_point() and tensor.dtype != self._dtype:
-            tensor = tensor.to(self._dtype)
-        return tensor
-
-    @staticmethod
-    def _to_host(tensor: torch.Tensor, datatype: str) -> np.ndarray:
-        if datatype == "BF16":
-            return tensor.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16)
-        wire_dtype = _FLOAT_WIRE.get(datatype)
-        if wire_dtype is not None and tensor.dtype != wire_dtype:
-            tensor = tensor.to(wire_dtype)
-        return tensor.cpu().numpy()
-
-    def _order_outputs(self, raw: Any) -> list[torch.Tensor]:
-        specs = self._definition.outputs
-        if isinstance(raw, torch.Tensor):
-            raw = (raw,)
-        elif isinstance(raw, dict):
-            missing = [s.name for s in specs if s.name not in raw]
-            if missing:
-                raise BatchFailed(f"model output dict lacks {missing}")
-            raw = [raw[s.name] for s in specs]
-        if len(raw) != len(specs):
-            raise BatchFailed(f"model returned {len(raw)} outputs; spec lists {len(specs)}")
-        return list(raw)
 
 
 class SimWorker(TorchWorker):
@@ -149,15 +111,3 @@ class SimWorker(TorchWorker):
         return BatchResult(result.outputs,
                            BatchTiming(timing.copy_in_s, compute_s, timing.copy_out_s))
 
-
-def _concat(arrays: list[np.ndarray]) -> np.ndarray:
-    # Always a fresh, writable array: decoded inputs are read-only views of the request bytes.
-    return np.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy()
-
-
-def _split(outputs: list[np.ndarray], sizes: list[int]) -> list[list[np.ndarray]]:
-    if len(sizes) == 1:
-        return [outputs]
-    bounds = np.cumsum(sizes)[:-1]
-    pieces = [np.split(array, bounds) for array in outputs]
-    return [[piece[j] for piece in pieces] for j in range(len(sizes))]
