@@ -100,6 +100,7 @@ class Replica:
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self.estimator.fit
+        stage_snapshot = getattr(self.worker, "stage_snapshot", None)  # pipeline workers
         return ReplicaSnapshot(
             name=self.name, devices=tuple(self.worker.devices),
             busy_fraction=self.stats.busy.fraction(now_s, self._running_since_s),
@@ -110,7 +111,9 @@ class Replica:
             num_batches=self.stats.num_batches, num_samples=self.stats.num_samples,
             num_stolen_requests=self.stats.num_stolen_requests,
             running_requests=self._running_requests,
-            batch_size_counts=dict(self.stats.batch_size_counts))
+            batch_size_counts=dict(self.stats.batch_size_counts),
+            stages=tuple(stage_snapshot()) if callable(stage_snapshot) else (),
+            num_repartitions=int(getattr(self.worker, "num_repartitions", 0)))
 
     async def _run(self) -> None:
         if self._max_in_flight == 1:

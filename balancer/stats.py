@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from evenflow.balancer.job import BatchTiming
 
@@ -94,6 +95,8 @@ class ReplicaSnapshot:
     num_stolen_requests: int
     running_requests: int
     batch_size_counts: dict[int, int]
+    stages: tuple[dict[str, Any], ...] = ()  # pipeline replicas: their worker's plan
+    num_repartitions: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, model_name: _Optional[str] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
-    __slots__ = ("name", "devices", "busy_fraction", "queued_requests", "queued_samples", "outstanding_work_s", "batch_size", "fit_base_s", "fit_per_sample_s", "fit_reliable", "num_batches", "num_samples", "batch_size_counts", "busy_s", "num_stolen_requests", "running_requests")
+    __slots__ = ("name", "devices", "busy_fraction", "queued_requests", "queued_samples", "outstanding_work_s", "batch_size", "fit_base_s", "fit_per_sample_s", "fit_reliable", "num_batches", "num_samples", "batch_size_counts", "busy_s", "num_stolen_requests", "running_requests", "stages", "num_repartitions")
     class BatchSizeCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,8 @@ class ReplicaStats(_message.Message):
     BUSY_S_FIELD_NUMBER: _ClassVar[int]
     NUM_STOLEN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RUNNING_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPARTITIONS_FIELD_NUMBER: _ClassVar[int]
     name: str
     devices: _containers.RepeatedScalarFieldContainer[str]
     busy_fraction: float
@@ -53,7 +55,25 @@ class ReplicaStats(_message.Message):
     busy_s: float
     num_stolen_requests: int
     running_requests: int
-    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., busy_fraction: _Optional[float] = ..., queued_requests: _Optional[int] = ..., queued_samples: _Optional[int] = ..., outstanding_work_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., fit_base_s: _Optional[float] = ..., fit_per_sample_s: _Optional[float] = ..., fit_reliable: _Optional[bool] = ..., num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., batch_size_counts: _Optional[_Mapping[int, int]] = ..., busy_s: _Optional[float] = ..., num_stolen_requests: _Optional[int] = ..., running_requests: _Optional[int] = ...) -> None: ...
+    stages: _containers.RepeatedCompositeFieldContainer[PipelineStage]
+    num_repartitions: int
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., busy_fraction: _Optional[float] = ..., queued_requests: _Optional[int] = ..., queued_samples: _Optional[int] = ..., outstanding_work_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., fit_base_s: _Optional[float] = ..., fit_per_sample_s: _Optional[float] = ..., fit_reliable: _Optional[bool] = ..., num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., batch_size_counts: _Optional[_Mapping[int, int]] = ..., busy_s: _Optional[float] = ..., num_stolen_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PipelineStage, _Mapping]]] = ..., num_repartitions: _Optional[int] = ...) -> None: ...
+
+class PipelineStage(_message.Message):
+    __slots__ = ("device", "first_layer", "last_layer", "planned_s", "measured_s", "memory_bytes")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LAYER_FIELD_NUMBER: _ClassVar[int]
+    LAST_LAYER_FIELD_NUMBER: _ClassVar[int]
+    PLANNED_S_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    first_layer: int
+    last_layer: int
+    planned_s: float
+    measured_s: float
+    memory_bytes: int
+    def __init__(self, device: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., planned_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelBalancerStats(_message.Message):
     __slots__ = ("model_name", "policy", "batch_policy", "latency_target_s", "replicas", "queued_requests", "num_rejected")

@@ -21,6 +21,7 @@ from evenflow.server.config import ServerConfig
 from evenflow.server.frontend import InferenceServicer
 from evenflow.server.models.repository import load_definition
 from evenflow.server.models.spec import ModelDefinition
+from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.served import ModelTable, ServedModel
 from evenflow.server.stats_service import AdminServicer, StatsServicer
 from evenflow.server.telemetry import NvmlSampler
@@ -41,7 +42,19 @@ def _server_version() -> str:
 
 
 def build_workers(name: str, definition: ModelDefinition, devices: list[DeviceSpec],
-                  dtype: torch.dtype, cpu_threads: int) -> list[Worker]:
+                  dtype: torch.dtype, config: ServerConfig) -> list[Worker]:
+    """One worker per device, or with ``pipeline_stages`` S > 1 one pipeline per S devices."""
+    cpu_threads = config.cpu_threads
+    stages = config.pipeline_stages
+    if stages > 1:
+        if len(devices) % stages:
+            raise ValueError(f"{len(devices)} devices cannot form pipelines of {stages} stages")
+        return [PipelineWorker(model_name=name, definition=definition,
+                               devices=devices[i:i + stages], cpu_threads=cpu_threads,
+                               dtype=dtype if devices[i].kind == "cuda" else torch.float32,
+                               partition=config.pipeline_partition,
+                               repartition=config.repartition)
+                for i in range(0, len(devices), stages)]
     workers: list[Worker] = []
     for device in devices:
         if device.kind == "sim":
@@ -74,8 +87,7 @@ class App:
         served: list[ServedModel] = []
         for name, source in config.models:
             definition = await asyncio.to_thread(load_definition, source, config.builtins)
-            workers = build_workers(name, definition, devices, _DTYPES[config.dtype],
-                                    config.cpu_threads)
+            workers = build_workers(name, definition, devices, _DTYPES[config.dtype], config)
             balancer = ModelBalancer(model_name=name, workers=workers, config=config.balancer)
             balancer.start()
             served.append(ServedModel(name, definition, balancer))

@@ -11,7 +11,7 @@ from typing import Any
 
 from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.config import DTYPES, ServerConfig
-from evenflow.server.models.builtin import ENCODER_SIZES
+from evenflow.server.models.builtin import DEFAULT_SIM_LAYER_MS, ENCODER_SIZES
 from evenflow.server.models.repository import BuiltinOptions, parse_model_arg
 from evenflow.server.models.spec import SimProfile
 
@@ -39,6 +39,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sim model: fixed cost per batch at speed 1 (default 10)")
     models.add_argument("--sim-per-sample-ms", type=float, default=2.0,
                         help="sim model: cost per sample at speed 1 (default 2)")
+    models.add_argument("--sim-layer-ms", default=",".join(f"{v:g}" for v in DEFAULT_SIM_LAYER_MS),
+                        help="simlayers model: per-layer cost at batch 1, speed 1 (comma list)")
+    pipe = parser.add_argument_group("pipeline parallelism")
+    pipe.add_argument("--pipeline-stages", type=int, default=1,
+                      help="devices per replica: each replica is a pipeline of this many stages")
+    pipe.add_argument("--pipeline-partition", choices=("optimal", "even"), default="optimal",
+                      help="cut layers by the exact partitioner or by equal layer counts")
+    pipe.add_argument("--no-repartition", action="store_true",
+                      help="keep the first plan even when stage times drift apart")
     sched = parser.add_argument_group("balancing and batching")
     sched.add_argument("--policy", choices=[p.value for p in Policy], default="least-work")
     sched.add_argument("--batch-policy", choices=("adaptive", "fixed"), default="adaptive")
@@ -75,7 +84,10 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         host=args.host, port=args.port, max_message_bytes=args.max_message_bytes, models=models,
         devices=args.devices, cpu_threads=args.cpu_threads, dtype=args.dtype, balancer=balancer,
         builtins=BuiltinOptions(encoder_size=args.encoder_size,
-                                sim_profile=SimProfile(args.sim_base_ms, args.sim_per_sample_ms)),
+                                sim_profile=SimProfile(args.sim_base_ms, args.sim_per_sample_ms),
+                                sim_layer_ms=tuple(float(v) for v in args.sim_layer_ms.split(","))),
+        pipeline_stages=args.pipeline_stages, pipeline_partition=args.pipeline_partition,
+        repartition=not args.no_repartition,
         admin=args.admin, shutdown_grace_s=args.shutdown_grace_s,
         gil_switch_interval_s=args.gil_switch_interval_us / 1e6)
 

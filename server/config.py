@@ -23,6 +23,9 @@ class ServerConfig:
     builtins: sizes of the built-in models.
     admin: serve the admin service (changes simulated devices).
     shutdown_grace_s: on SIGTERM, how long in-flight requests get to finish.
+    pipeline_stages: devices per replica; each replica is a pipeline of that many stages.
+    pipeline_partition: "optimal" (exact partitioner) or "even" (same layer count per stage).
+    repartition: re-partition a pipeline when its stage times drift apart.
     gil_switch_interval_s: Python's GIL switch interval. The default 5 ms lets the busy event
         loop hold the GIL for 5 ms while a worker thread waits to resume after each kernel; a
         short interval hands it over sooner.
@@ -40,3 +43,6 @@ class ServerConfig:
     admin: bool = False
     shutdown_grace_s: float = 30.0
     gil_switch_interval_s: float = 0.0002
+    pipeline_stages: int = 1
+    pipeline_partition: str = "optimal"
+    repartition: bool = True

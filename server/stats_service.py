@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -12,7 +13,6 @@ from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 from evenflow.server.served import ModelTable
 from evenflow.server.telemetry import GpuSample
-from evenflow.server.workers.torch_worker import SimWorker
 
 
 def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
@@ -25,6 +25,8 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
         num_batches=snapshot.num_batches, num_samples=snapshot.num_samples,
         num_stolen_requests=snapshot.num_stolen_requests,
         running_requests=snapshot.running_requests,
+        stages=[ef.PipelineStage(**stage) for stage in snapshot.stages],
+        num_repartitions=snapshot.num_repartitions,
         batch_size_counts=snapshot.batch_size_counts)
 
 
@@ -67,12 +69,15 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
                              context: grpc.aio.ServicerContext) -> ef.SetDeviceSpeedResponse:
         if request.speed <= 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "speed must be > 0")
-        workers = [r.worker for m in self._models for r in m.balancer.replicas
-                   if isinstance(r.worker, SimWorker) and request.device in r.worker.devices]
-        if not workers:
+        previous: float | None = None
+        for model in self._models:  # every model's worker (or pipeline stage) on that device
+            for replica in model.balancer.replicas:
+                worker = replica.worker
+                setter = getattr(worker, "set_device_speed", None)
+                if callable(setter) and request.device in worker.devices:
+                    with contextlib.suppress(KeyError):
+                        previous = setter(request.device, request.speed)
+        if previous is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no simulated device named {request.device!r}")
-        previous = 0.0
-        for worker in workers:  # every model's worker on that device
-            previous = worker.set_speed(request.speed)
-        return ef.SetDeviceSpeedResponse(previous_speed=previous)
+        return ef.SetDeviceSpeedResponse(previous_speed=previous or 0.0)

@@ -60,3 +60,10 @@ GATE = Gate()
 def gated() -> ModelDefinition:
     return ModelDefinition(module=GATE, inputs=[TensorSpec("x", "FP32", (-1, 4))],
                            outputs=[TensorSpec("y", "FP32", (-1, 4))], traceable=False)
+
+
+def failing_chain() -> ModelDefinition:
+    """Two layers, so it can be pipelined; the second raises on a poisoned row."""
+    return ModelDefinition(module=torch.nn.Sequential(torch.nn.Identity(), RaisesOnMarker()),
+                           inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                           outputs=[TensorSpec("y", "FP32", (-1, 4))], traceable=False)

@@ -63,6 +63,21 @@ def build_encoder(size: EncoderSize = ENCODER_SIZES["small"]) -> ModelDefinition
                            outputs=[TensorSpec("y", "FP32", shape)])
 
 
+DEFAULT_SIM_LAYER_MS = (2.0, 6.0, 3.0, 1.0, 4.0, 8.0, 2.0, 5.0)
+
+
+def build_sim_layers(layer_ms: tuple[float, ...] = DEFAULT_SIM_LAYER_MS) -> ModelDefinition:
+    """``simlayers``: a chain of identity layers, layer j costing ``layer_ms[j] * (1 + b/10)``
+    ms of sleep at batch b on a speed-1 device: a pipelined model whose layer costs are known,
+    so pipelines can be tested and measured on any machine."""
+    layers = [SleepIdentity(SimProfile(ms, ms / 10.0)) for ms in layer_ms]
+    return ModelDefinition(module=torch.nn.Sequential(*layers),
+                           inputs=[TensorSpec("x", "FP32", (-1, MLP_WIDTH))],
+                           outputs=[TensorSpec("y", "FP32", (-1, MLP_WIDTH))],
+                           sim_profile=SimProfile(sum(layer_ms), sum(layer_ms) / 10.0),
+                           traceable=False)
+
+
 def build_sim(profile: SimProfile) -> ModelDefinition:
     """Output equals input ``x`` FP32 ``[-1, 256]``; each batch costs ``profile`` (sleeping)."""
     return ModelDefinition(module=SleepIdentity(profile),

@@ -10,16 +10,24 @@ from pathlib import Path
 
 import torch
 
-from evenflow.server.models.builtin import ENCODER_SIZES, build_encoder, build_mlp, build_sim
+from evenflow.server.models.builtin import (
+    DEFAULT_SIM_LAYER_MS,
+    ENCODER_SIZES,
+    build_encoder,
+    build_mlp,
+    build_sim,
+    build_sim_layers,
+)
 from evenflow.server.models.spec import ModelDefinition, SimProfile, TensorSpec
 
-BUILTIN_MODELS = ("mlp", "encoder", "sim")
+BUILTIN_MODELS = ("mlp", "encoder", "sim", "simlayers")
 
 
 @dataclass(frozen=True, slots=True)
 class BuiltinOptions:
     encoder_size: str = "small"
     sim_profile: SimProfile = field(default_factory=SimProfile)
+    sim_layer_ms: tuple[float, ...] = DEFAULT_SIM_LAYER_MS
 
 
 def parse_model_arg(arg: str) -> tuple[str, str]:
@@ -42,6 +50,7 @@ def load_definition(source: str, options: BuiltinOptions) -> ModelDefinition:
             "mlp": build_mlp,
             "encoder": lambda: build_encoder(ENCODER_SIZES[options.encoder_size]),
             "sim": lambda: build_sim(options.sim_profile),
+            "simlayers": lambda: build_sim_layers(options.sim_layer_ms),
         }
         return builders[source]()
     if source.endswith((".pt", ".pth", ".ts")):

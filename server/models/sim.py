@@ -30,6 +30,11 @@ class SleepIdentity(torch.nn.Module):
         super().__init__()
         self.profile = profile
 
+    @property
+    def sim_profile(self) -> SimProfile:
+        """The cost the pipeline partitioner plans with (instead of timing sleeps)."""
+        return self.profile
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.profile.cost_s(x.shape[0]) / thread_speed())
         return x.clone()

@@ -97,6 +97,11 @@ class SimWorker(TorchWorker):
         previous, self.speed = self.speed, speed
         return previous
 
+    def set_device_speed(self, device: str, speed: float) -> float:
+        if device not in self.devices:
+            raise KeyError(device)
+        return self.set_speed(speed)
+
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
         start = time.perf_counter()
         speed = self.speed

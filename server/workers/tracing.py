@@ -25,7 +25,7 @@ _EXAMPLE_DTYPES = {"FP32": torch.float32, "FP16": torch.float16, "FP64": torch.f
                    "BOOL": torch.bool}
 
 
-def _example(specs: Sequence[TensorSpec], batch: int, device: torch.device,
+def example_inputs(specs: Sequence[TensorSpec], batch: int, device: torch.device,
              float_dtype: torch.dtype) -> list[torch.Tensor] | None:
     generator = torch.Generator().manual_seed(0)
     tensors = []
@@ -55,10 +55,16 @@ def trace_or_keep(module: torch.nn.Module, inputs: Sequence[TensorSpec], *, name
     """The traced module when it is exactly equivalent, else ``module`` unchanged."""
     if isinstance(module, torch.jit.ScriptModule):
         return module
-    traced_example = _example(inputs, 2, device, float_dtype)
-    check_example = _example(inputs, 3, device, float_dtype)
+    traced_example = example_inputs(inputs, 2, device, float_dtype)
+    check_example = example_inputs(inputs, 3, device, float_dtype)
     if traced_example is None or check_example is None:
         return module
+    return trace_checked(module, traced_example, check_example, name=name)
+
+
+def trace_checked(module: torch.nn.Module, traced_example: Sequence[torch.Tensor],
+                  check_example: Sequence[torch.Tensor], *, name: str) -> torch.nn.Module:
+    """Trace on one example; keep the trace only if it equals eager, bit for bit, on another."""
     try:
         with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
             # A tracer warning means the trace may be wrong. torch.jit is deprecated in favour of

@@ -1,0 +1,282 @@
+"""A pipeline replica: one model cut into stages on several devices, micro-batches in flight.
+
+To the balancer it is one ``Worker`` that takes up to ``max_in_flight`` batches at once; its
+batch time (what the latency model learns) is its slowest stage's time, which is what bounds its
+throughput.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import queue
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from evenflow.balancer.errors import BatchFailed, ShuttingDown
+from evenflow.balancer.job import BatchResult, BatchTiming, Job
+from evenflow.balancer.partition import StagePlan, even_split, plan_stages
+from evenflow.server.models.spec import ModelDefinition
+from evenflow.server.pipeline.layers import layer_costs_s, layer_memory_bytes, split_into_layers
+from evenflow.server.pipeline.stage import MicroBatch, Stage
+from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
+from evenflow.server.workers.tracing import example_inputs, trace_checked
+
+logger = logging.getLogger(__name__)
+
+_DRIFT_RATIO = 1.3  # stage times this far apart from the plan's proportions are drift
+_MIN_BATCHES = 12  # between plans, before drift is judged
+_MIN_GAIN = 0.9  # re-partition only if the new bottleneck is at most this fraction of today's
+
+
+def _torch_device(device: DeviceSpec) -> torch.device:
+    return torch.device("cuda", device.index) if device.kind == "cuda" else torch.device("cpu")
+
+
+class PipelineWorker:
+    """Stages on ``devices`` (stage i on device i), cut by the exact partitioner from per-layer
+    costs (``sim_profile`` of sim layers, else measured at ``profile_batch``), within each
+    device's free memory.
+
+    Re-balancing: every batch reports each stage's time. When the stages' times drift from the
+    plan's proportions (a device slowed down), the device speeds implied by the measurements
+    feed a new plan; if it is clearly better, the worker stops taking batches, lets the ones in
+    flight finish, moves the layers, and resumes. Queued requests wait in the replica's queue
+    meanwhile, so none is lost or answered twice.
+    """
+
+    def __init__(self, *, model_name: str, definition: ModelDefinition,
+                 devices: Sequence[DeviceSpec], cpu_threads: int = 1,
+                 dtype: torch.dtype = torch.float32, partition: str = "optimal",
+                 repartition: bool = True, profile_batch: int = 8) -> None:
+        self._definition = definition
+        self._devices = list(devices)
+        self._torch_devices = [_torch_device(d) for d in devices]
+        self._dtype = dtype
+        self._partition = partition
+        self._repartition_enabled = repartition and partition == "optimal"
+        self._layers = split_into_layers(definition.module)
+        if len(self._layers) < len(devices):
+            raise ValueError(f"{model_name}: {len(self._layers)} layers cannot fill "
+                             f"{len(devices)} stages")
+        self.layer_costs_s = layer_costs_s(definition, self._layers, self._torch_devices[0],
+                                           dtype, profile_batch)
+        self._layer_memory = [layer_memory_bytes(layer) for layer in self._layers]
+        self._speeds = [d.speed for d in devices]  # planning speeds, re-estimated on drift
+        self.plan = self._make_plan(self._speeds)
+        self._name = f"{model_name}@{'+'.join(d.name for d in devices)}"
+        self.max_in_flight = len(devices) + 1
+        self._stages = [
+            Stage(index=i, device=self._torch_devices[i], device_name=d.name, speed=d.speed,
+                  module=self._stage_module(i), cpu_threads=cpu_threads,
+                  inbox_size=self.max_in_flight if i == 0 else 2)
+            for i, d in enumerate(devices)]
+        for stage, following in zip(self._stages, self._stages[1:], strict=False):
+            stage.next = following
+        self._open = asyncio.Event()
+        self._open.set()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self._in_flight = 0
+        self._slots = asyncio.Semaphore(self.max_in_flight)  # stage 0's inbox never overflows
+        self._closed = False
+        self._stage_ratio = [1.0] * len(devices)
+        self._measured_s = [0.0] * len(devices)
+        self._batches_since_plan = 0
+        self._repartition_task: asyncio.Task[None] | None = None
+        self.num_repartitions = 0
+        logger.info("%s: plan %s", self._name, self.plan.describe())
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def devices(self) -> Sequence[str]:
+        return [d.name for d in self._devices]
+
+    def _capacity(self) -> list[float]:
+        capacity = []
+        for device in self._torch_devices:
+            if device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(device)
+                capacity.append(float(free))
+            else:
+                capacity.append(math.inf)
+        return capacity
+
+    def _make_plan(self, speeds: Sequence[float]) -> StagePlan:
+        if self._partition == "even":
+            return even_split(len(self._layers), len(speeds), self.layer_costs_s, speeds)
+        return plan_stages(self.layer_costs_s, len(speeds), device_speeds=speeds,
+                           layer_memory_bytes=self._layer_memory,
+                           device_memory_bytes=self._capacity())
+
+    def _stage_module(self, index: int) -> torch.nn.Module:
+        device = self._torch_devices[index]
+        layers = [self._layers[j] for j in self.plan.layers(index)]
+        module = torch.nn.Sequential(*layers).to(device)
+        if self._dtype != torch.float32:
+            module = module.to(self._dtype)
+        if not self._definition.traceable:
+            return module
+        examples = [self._activations_before(index, batch, device) for batch in (2, 3)]
+        if examples[0] is None or examples[1] is None:
+            return module
+        return trace_checked(module, examples[0], examples[1], name=f"{self._name}:{index}")
+
+    def _activations_before(self, index: int, batch: int,
+                            device: torch.device) -> list[torch.Tensor] | None:
+        example = example_inputs(self._definition.inputs, batch, self._torch_devices[0],
+                                 self._dtype)
+        if example is None:
+            return None
+        with torch.inference_mode(False), torch.no_grad():
+            activations: tuple[torch.Tensor, ...] = tuple(example)
+            for layer in self._layers[:self.plan.bounds[index]]:
+                # Each earlier layer runs wherever its weights are now.
+                here = next((p.device for p in layer.parameters()), activations[0].device)
+                out = layer(*(t.to(here) for t in activations))
+                activations = out if isinstance(out, tuple) else (out,)
+        return [t.to(device) for t in activations]
+
+    async def run(self, jobs: Sequence[Job]) -> BatchResult:
+        if self._closed:
+            raise ShuttingDown(f"{self._name} is closed")
+        await self._open.wait()  # closed while re-partitioning
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[BatchResult] = loop.create_future()
+        specs = self._definition
+        first = self._stages[0]
+        prepared_s: list[float] = []
+
+        def prepare() -> tuple[torch.Tensor, ...]:
+            start = time.perf_counter()
+            inputs = tuple(batch_inputs(jobs, specs.inputs, first.device, self._dtype))
+            prepared_s.append(time.perf_counter() - start)
+            return inputs
+
+        def finish(batch: MicroBatch) -> None:  # on the last (or failing) stage's thread
+            if batch.error is not None:
+                outcome: Any = batch.error
+            else:
+                start = time.perf_counter()
+                try:
+                    per_job = outputs_per_job(batch.activations, specs.outputs, jobs)
+                except Exception as exc:
+                    outcome = BatchFailed(f"{type(exc).__name__}: {exc}")
+                else:
+                    outcome = (per_job, list(batch.stage_s), time.perf_counter() - start)
+            with contextlib.suppress(RuntimeError):  # the loop closed while the batch ran
+                loop.call_soon_threadsafe(_deliver, future, outcome)
+
+        async with self._slots:
+            self._in_flight += 1
+            self._drained.clear()
+            try:
+                batch = MicroBatch(activations=(), finish=finish, prepare=prepare)
+                try:
+                    first.inbox.put_nowait(batch)
+                except queue.Full:  # only after a cancelled run left its batch inside
+                    await asyncio.to_thread(first.inbox.put, batch)
+                per_job, stage_s, copy_out_s = await future
+            finally:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._drained.set()
+        copy_in_s = prepared_s[0] if prepared_s else 0.0
+        stage_s[0] = max(0.0, stage_s[0] - copy_in_s)
+        self._observe(stage_s)
+        return BatchResult(per_job, BatchTiming(copy_in_s, max(stage_s), copy_out_s))
+
+    def _observe(self, stage_s: list[float]) -> None:
+        planned = self.plan.stage_costs_s
+        ratios = [m / p if p > 0 else 1.0 for m, p in zip(stage_s, planned, strict=True)]
+        mean = sum(ratios) / len(ratios)
+        for i, ratio in enumerate(ratios):
+            self._stage_ratio[i] = 0.8 * self._stage_ratio[i] + 0.2 * (ratio / mean)
+            self._measured_s[i] = 0.8 * self._measured_s[i] + 0.2 * stage_s[i]
+        self._batches_since_plan += 1
+        if (self._repartition_enabled and self._repartition_task is None
+                and self._batches_since_plan >= _MIN_BATCHES
+                and max(self._stage_ratio) > _DRIFT_RATIO * min(self._stage_ratio)):
+            speeds = [s / r for s, r in zip(self._speeds, self._stage_ratio, strict=True)]
+            top = max(speeds)
+            speeds = [s / top for s in speeds]
+            candidate = self._make_plan(speeds)
+            current = plan_stages_cost(self.plan, self.layer_costs_s, speeds)
+            if candidate.bottleneck_s < _MIN_GAIN * current:
+                self._repartition_task = asyncio.create_task(self._repartition(speeds,
+                                                                               candidate))
+            else:
+                self._batches_since_plan = 0
+
+    async def _repartition(self, speeds: list[float], plan: StagePlan) -> None:
+        self._open.clear()
+        try:
+            await self._drained.wait()
+            before = self.plan.describe()
+            self.plan = plan
+            self._speeds = speeds
+            modules = await asyncio.to_thread(
+                lambda: [self._stage_module(i) for i in range(len(self._stages))])
+            for stage, module in zip(self._stages, modules, strict=True):
+                stage.module = module  # every stage is idle: nothing is in flight
+            self._stage_ratio = [1.0] * len(self._stages)
+            self._batches_since_plan = 0
+            self.num_repartitions += 1
+            logger.warning("%s: stage times drifted (speeds now %s); re-partitioned\n  before: %s"
+                           "\n  after:  %s", self._name, [f"{s:.2f}" for s in speeds], before,
+                           plan.describe())
+        finally:
+            self._repartition_task = None
+            self._open.set()
+
+    def set_device_speed(self, device: str, speed: float) -> float:
+        """Simulated devices only: change a stage's device speed while serving."""
+        for stage, spec in zip(self._stages, self._devices, strict=True):
+            if spec.name == device and spec.kind == "sim":
+                previous, stage.speed = stage.speed, speed
+                return previous
+        raise KeyError(device)
+
+    def stage_snapshot(self) -> list[dict[str, Any]]:
+        return [{"device": spec.name, "first_layer": self.plan.bounds[i],
+                 "last_layer": self.plan.bounds[i + 1] - 1,
+                 "planned_s": self.plan.stage_costs_s[i], "measured_s": self._measured_s[i],
+                 "memory_bytes": self.plan.stage_memory_bytes[i]}
+                for i, spec in enumerate(self._devices)]
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._repartition_task is not None:
+            self._repartition_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._repartition_task
+        self._stages[0].stop()  # the stop travels down the pipeline behind the work
+        for stage in self._stages:
+            await asyncio.to_thread(stage.join)
+
+
+def plan_stages_cost(plan: StagePlan, layer_costs_s: Sequence[float],
+                     speeds: Sequence[float]) -> float:
+    """The bottleneck of an existing cut at other device speeds."""
+    return max(sum(layer_costs_s[j] for j in plan.layers(i)) / speeds[i]
+               for i in range(len(speeds)))
+
+
+def _deliver(future: asyncio.Future[Any], outcome: Any) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
