@@ -150,3 +150,15 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     for server in servers:
         code = server.terminate()
         assert code == 0, server.log()[-3000:]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` tests skip cleanly where CUDA is absent."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

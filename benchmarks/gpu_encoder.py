@@ -1,0 +1,84 @@
+"""GPU check (one prepared script, a few minutes): BERT-base-size ``encoder`` in bfloat16 on
+cuda:0, the bare model's samples/s at its best batch size vs evenflow's under load with 8-sample
+requests, measured in one run.
+
+    python -m benchmarks.gpu_encoder [--seconds 20]
+
+Prints both and their ratio; writes .bench/gpu_encoder.json. Needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.harness import REPO, evenflow_argv, start, write_json
+from evenflow.loadtest.runner import OK, Target, closed_loop, mlp_like_request
+from evenflow.server.models.builtin import ENCODER_SIZES, build_encoder
+
+
+def bare_model(seconds_per_batch: float) -> dict[int, float]:
+    size = ENCODER_SIZES["bert-base"]
+    module = build_encoder(size).module.to("cuda").to(torch.bfloat16)
+    rates = {}
+    with torch.inference_mode():
+        for batch in (32, 64, 128, 256, 512):
+            x = torch.randn(batch, size.seq, size.width, device="cuda", dtype=torch.bfloat16)
+            for _ in range(3):
+                module(x)
+            torch.cuda.synchronize()
+            count, start_s = 0, time.perf_counter()
+            while time.perf_counter() - start_s < seconds_per_batch:
+                module(x)
+                count += 1
+            torch.cuda.synchronize()
+            rates[batch] = count * batch / (time.perf_counter() - start_s)
+            print(f"bare batch {batch}: {rates[batch]:.0f} samples/s", flush=True)
+    return rates
+
+
+async def served(url: str, seconds: float, concurrency: int) -> float:
+    size = ENCODER_SIZES["bert-base"]
+    target = Target(url, mlp_like_request("encoder", "x", [8, size.seq, size.width]))
+    try:
+        await closed_loop(target, concurrency=concurrency, duration_s=5.0)
+        start_s = time.monotonic()
+        records = await closed_loop(target, concurrency=concurrency, duration_s=seconds)
+        elapsed = time.monotonic() - start_s
+    finally:
+        await target.close()
+    return 8 * sum(1 for r in records if r.status == OK) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--out", type=Path, default=REPO / ".bench")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rates = bare_model(3.0)
+    best_batch = max(rates, key=rates.__getitem__)
+    torch.cuda.empty_cache()
+    server = start(evenflow_argv("--model", "encoder", "--encoder-size", "bert-base",
+                                 "--devices", "cuda:0", "--dtype", "bfloat16",
+                                 "--max-batch", "256", "--latency-target-ms", "200"),
+                   args.out / "gpu_encoder.log", timeout_s=300)
+    try:
+        evenflow_rate = asyncio.run(served(server.url, args.seconds, args.concurrency))
+    finally:
+        server.stop()
+    ratio = evenflow_rate / rates[best_batch]
+    print(f"bare model best: {rates[best_batch]:.0f} samples/s at batch {best_batch}; evenflow "
+          f"with 8-sample requests: {evenflow_rate:.0f} samples/s; ratio {ratio:.3f}")
+    write_json(args.out / "gpu_encoder.json", {"bare_per_batch": rates, "best_batch": best_batch,
+                                               "evenflow_samples_per_s": evenflow_rate,
+                                               "ratio": ratio})
+
+
+if __name__ == "__main__":
+    main()
