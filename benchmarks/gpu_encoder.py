@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.harness import REPO, evenflow_argv, start, write_json
-from evenflow.loadtest.runner import OK, Target, closed_loop, mlp_like_request
+from benchmarks.harness import REPO, closed_loop_run, evenflow_argv, start, write_json
+from evenflow.loadtest.runner import mlp_like_request
 from evenflow.server.models.builtin import ENCODER_SIZES, build_encoder
 
 
@@ -43,15 +43,9 @@ def bare_model(seconds_per_batch: float) -> dict[int, float]:
 
 async def served(url: str, seconds: float, concurrency: int) -> float:
     size = ENCODER_SIZES["bert-base"]
-    target = Target(url, mlp_like_request("encoder", "x", [8, size.seq, size.width]))
-    try:
-        await closed_loop(target, concurrency=concurrency, duration_s=5.0)
-        start_s = time.monotonic()
-        records = await closed_loop(target, concurrency=concurrency, duration_s=seconds)
-        elapsed = time.monotonic() - start_s
-    finally:
-        await target.close()
-    return 8 * sum(1 for r in records if r.status == OK) / elapsed
+    run = await closed_loop_run(url, mlp_like_request("encoder", "x", [8, size.seq, size.width]),
+                                concurrency=concurrency, seconds=seconds, warmup_s=5.0)
+    return 8 * run.ok_per_s
 
 
 def main() -> None:

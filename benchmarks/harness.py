@@ -109,6 +109,35 @@ def perf_analyzer(url: str, model: str, concurrency: int, out_dir: Path, *, shap
                      stable, generator_cpu_s)
 
 
+@dataclass
+class ClosedLoopRun:
+    records: list[Any]  # loadtest RequestRecords
+    elapsed_s: float
+
+    @property
+    def ok(self) -> int:
+        return sum(1 for r in self.records if r.status == "OK")
+
+    @property
+    def ok_per_s(self) -> float:
+        return self.ok / self.elapsed_s
+
+
+async def closed_loop_run(url: str, request: Any, *, concurrency: int, seconds: float,
+                          warmup_s: float) -> ClosedLoopRun:
+    """Warm up, then one measured closed-loop window with evenflow's load generator."""
+    from evenflow.loadtest.runner import Target, closed_loop
+
+    target = Target(url, request)
+    try:
+        await closed_loop(target, concurrency=concurrency, duration_s=warmup_s)
+        start_s = time.monotonic()
+        records = await closed_loop(target, concurrency=concurrency, duration_s=seconds)
+        return ClosedLoopRun(records, time.monotonic() - start_s)
+    finally:
+        await target.close()
+
+
 def machine() -> dict[str, Any]:
     import grpc
     import torch

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.harness import REPO, evenflow_argv, start, write_json
+from benchmarks.harness import REPO, closed_loop_run, evenflow_argv, start, write_json
 from evenflow.loadtest.runner import OK, Target, binned_throughput, closed_loop, mlp_like_request
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
@@ -50,16 +50,9 @@ async def stats(url: str) -> ef.ReplicaStats:
 
 
 async def measure(url: str, seconds: float, concurrency: int) -> tuple[float, int, int]:
-    target = Target(url, mlp_like_request("simlayers", "x", [1, 256]))
-    try:
-        await closed_loop(target, concurrency=concurrency, duration_s=1.0)
-        t0 = time.monotonic()
-        records = await closed_loop(target, concurrency=concurrency, duration_s=seconds)
-        elapsed = time.monotonic() - t0
-    finally:
-        await target.close()
-    ok = sum(1 for r in records if r.status == OK)
-    return ok / elapsed, len(records), len(records) - ok
+    run = await closed_loop_run(url, mlp_like_request("simlayers", "x", [1, 256]),
+                                concurrency=concurrency, seconds=seconds, warmup_s=1.0)
+    return run.ok_per_s, len(run.records), len(run.records) - run.ok
 
 
 def server(devices: str, partition: str, batch: int, out: Path, tag: str):  # type: ignore[no-untyped-def]
