@@ -66,6 +66,7 @@ class ModelBalancer:
         self._clock = clock
         self._rng = rng or random.Random(0)
         self._closing = False
+        self._in_system = 0  # admitted requests whose future is not done yet
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.cycle(range(len(workers)))
         shared = JobQueue() if config.policy is Policy.SHARED_QUEUE else None
@@ -79,7 +80,7 @@ class ModelBalancer:
                     estimator=LatencyModel(prior_base_s=config.prior_base_s,
                                            prior_per_sample_s=config.prior_per_sample_s),
                     counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
-                    on_idle=steal)
+                    on_idle=steal, others_in_flight=self._others_in_flight)
             for worker in workers
         ]
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
@@ -112,9 +113,18 @@ class ModelBalancer:
         if self._loop is None:
             raise RuntimeError("ModelBalancer.start() was not called")
         future: asyncio.Future[Any] = self._loop.create_future()
+        self._in_system += 1
+        future.add_done_callback(self._leave_system)
         job = Job(payload, num_samples, now_s, deadline_s, future)
         self._route(job, now_s).queue.push(job)
         return future
+
+    def _leave_system(self, _: asyncio.Future[Any]) -> None:
+        self._in_system -= 1
+
+    def _others_in_flight(self, replica: Replica) -> bool:
+        """Whether any admitted request is outside ``replica``'s forming batch."""
+        return self._in_system > len(replica.queue)
 
     def _route(self, job: Job, now_s: float) -> Replica:
         replicas = self.replicas

@@ -24,8 +24,9 @@ class Replica:
     """Drives one worker.
 
     The loop takes a batch from the queue when the queue holds the controller's batch size, when
-    the oldest job has waited ``max_wait_s``, or when the balancer says no more work is coming
-    (``close_forming_batch``); runs it on the worker; feeds the measured time
+    the oldest job has waited ``max_wait_s``, when the model has no other request in flight, or
+    when the balancer says no more work is coming (``close_forming_batch``); runs it on the
+    worker; feeds the measured time
     to the latency model and the controller; resolves each job's future. When its queue is empty
     it calls ``on_idle`` (the balancer's work stealing), and again every ``idle_poll_s`` while it
     stays idle, so a replica whose estimate is wrong (and gets no new work) still takes work.
@@ -38,7 +39,8 @@ class Replica:
                  estimator: LatencyModel, counters: ModelCounters, max_wait_s: float,
                  clock: Clock = time.monotonic,
                  on_idle: Callable[[Replica], None] | None = None,
-                 idle_poll_s: float = 0.02) -> None:
+                 idle_poll_s: float = 0.02,
+                 others_in_flight: Callable[[Replica], bool] | None = None) -> None:
         self.worker = worker
         self.queue = queue
         self.controller = controller
@@ -49,6 +51,7 @@ class Replica:
         self._clock = clock
         self._on_idle = on_idle
         self._idle_poll_s = idle_poll_s
+        self._others_in_flight = others_in_flight
         self._running_since_s: float | None = None
         self._running_end_s = 0.0
         self._running_requests = 0
@@ -150,7 +153,10 @@ class Replica:
             now_s = self._clock()
             size = self.controller.batch_size
             wait_s = queue.oldest_arrival_s + self._max_wait_s - now_s
-            if queue.num_samples >= size or wait_s <= 0.0 or self._close_early:
+            # Waiting can only fill the batch with requests that are coming; when the model has
+            # nothing else in flight (a lone client, low load), none is known to be coming.
+            alone = self._others_in_flight is not None and not self._others_in_flight(self)
+            if queue.num_samples >= size or wait_s <= 0.0 or self._close_early or alone:
                 self.forming = self._close_early = False
                 return queue.take(size, now_s)
             self.forming = True

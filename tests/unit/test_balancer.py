@@ -255,16 +255,26 @@ def _job(balancer: ModelBalancer, payload: object):
 
 
 async def test_partial_batch_passed_over_by_the_router_runs_without_waiting(
-        make_balancer, clock: FakeClock) -> None:
-    workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
-    # A long max wait: only the early close can start the first batch within this test.
+        make_balancer) -> None:
+    workers = [FakeWorker(name, gated=True) for name in ("a", "b", "c")]
+    # A long max wait: only the early close can start the forming batch within this test.
     balancer = make_balancer(workers, max_wait_s=3600.0, max_batch=8, work_stealing=False,
                              adaptive_batching=False)
-    balancer.submit("first", 1)
+    balancer.submit("busy", 1)  # runs alone at once: nothing else was in flight
+    await settle()
+    balancer.submit("first", 1)  # an idle replica; it waits to fill, as "busy" is in flight
     await settle()
     forming = next(r for r in balancer.replicas if len(r.queue))
     assert forming.forming and not forming.worker.batches  # type: ignore[attr-defined]
-    balancer.submit("second", 1)  # least work: the idle, empty replica
+    balancer.submit("second", 1)  # least work: the third, empty replica
     await settle()
     assert forming.worker.batches == [[1]]  # type: ignore[attr-defined]
     assert not forming.forming
+
+
+async def test_a_lone_request_does_not_wait_for_batch_mates(make_balancer) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], max_wait_s=3600.0, max_batch=8, adaptive_batching=False)
+    balancer.submit("only", 1)
+    await settle()
+    assert worker.batches == [[1]]
