@@ -116,7 +116,9 @@ class ModelBalancer:
         self._in_system += 1
         future.add_done_callback(self._leave_system)
         job = Job(payload, num_samples, now_s, deadline_s, future)
-        self._route(job, now_s).queue.push(job)
+        replica = self._route(job, now_s)
+        replica.note_arrival(num_samples, now_s)
+        replica.queue.push(job)
         return future
 
     def _leave_system(self, _: asyncio.Future[Any]) -> None:

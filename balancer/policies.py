@@ -33,13 +33,26 @@ class ReplicaLoad:
     base_s: float  # fitted fixed cost per batch, a
     per_sample_s: float  # fitted cost per sample, c
     batch_size: int  # the replica's current batch size
+    arrival_rate_per_s: float = 0.0  # samples recently routed here per second
 
     def work_s(self, extra_samples: int = 0) -> float:
         """Seconds until this replica has finished everything it holds, plus ``extra_samples``
-        appended to its queue: the running batch's remainder, then the queue in batches."""
+        appended to its queue: the running batch's remainder, then the queue in batches.
+
+        With ``extra_samples``, the batch they land in also grows by the samples expected to
+        arrive before it starts (up to the batch size): a busy replica's next batch fills up
+        behind a new request and takes longer, which a snapshot of the queue alone misses.
+        """
         samples = self.queued_samples + extra_samples
         num_batches = math.ceil(samples / self.batch_size) if samples else 0
-        return self.running_remaining_s + num_batches * self.base_s + samples * self.per_sample_s
+        joiners = 0.0
+        if extra_samples and self.arrival_rate_per_s > 0.0:
+            starts_in_s = self.running_remaining_s + (num_batches - 1) * (
+                self.base_s + self.per_sample_s * self.batch_size)
+            room = self.batch_size * num_batches - samples
+            joiners = min(float(room), self.arrival_rate_per_s * starts_in_s)
+        return (self.running_remaining_s + num_batches * self.base_s
+                + (samples + joiners) * self.per_sample_s)
 
 
 def choose_least_work(loads: Sequence[ReplicaLoad], num_samples: int, rng: random.Random) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 
@@ -18,6 +19,8 @@ from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.stats import ModelCounters, ReplicaCounters, ReplicaSnapshot
 
 logger = logging.getLogger(__name__)
+
+_RATE_TAU_S = 0.5  # arrival rates forget with this time constant
 
 
 class Replica:
@@ -63,6 +66,8 @@ class Replica:
         self._quiet = asyncio.Event()  # nothing queued and nothing running
         self._quiet.set()
         self.forming = False  # a partial batch is waiting for more work (up to max_wait_s)
+        self._arrival_rate_per_s = 0.0
+        self._rate_at_s = 0.0
         self._close_early = False
 
     @property
@@ -94,12 +99,21 @@ class Replica:
             self._close_early = True
             self.queue.wake()
 
+    def note_arrival(self, num_samples: int, now_s: float) -> None:
+        """Count samples routed here: an exponentially decaying rate (time constant 0.5 s)."""
+        self._arrival_rate_per_s = self._decayed_rate(now_s) + num_samples / _RATE_TAU_S
+        self._rate_at_s = now_s
+
+    def _decayed_rate(self, now_s: float) -> float:
+        return self._arrival_rate_per_s * math.exp(-max(0.0, now_s - self._rate_at_s)
+                                                   / _RATE_TAU_S)
+
     def load(self, now_s: float) -> ReplicaLoad:
         fit = self.estimator.fit
         remaining = max(0.0, self._running_end_s - now_s) if self._running_requests else 0.0
         return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
                            len(self.queue), fit.base_s, fit.per_sample_s,
-                           self.controller.batch_size)
+                           self.controller.batch_size, self._decayed_rate(now_s))
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self.estimator.fit

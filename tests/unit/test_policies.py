@@ -1,5 +1,7 @@
 import random
 
+import pytest
+
 from evenflow.balancer.policies import (
     ReplicaLoad,
     choose_least_work,
@@ -10,10 +12,10 @@ from evenflow.balancer.policies import (
 
 def load(*, queued_samples: int = 0, queued_requests: int | None = None, base_s: float = 0.01,
          per_sample_s: float = 0.002, batch_size: int = 8, running_remaining_s: float = 0.0,
-         running_requests: int = 0) -> ReplicaLoad:
+         running_requests: int = 0, arrival_rate_per_s: float = 0.0) -> ReplicaLoad:
     return ReplicaLoad(running_remaining_s, running_requests, queued_samples,
                        queued_samples if queued_requests is None else queued_requests,
-                       base_s, per_sample_s, batch_size)
+                       base_s, per_sample_s, batch_size, arrival_rate_per_s)
 
 
 def test_work_prices_queue_in_batches() -> None:
@@ -58,3 +60,12 @@ def test_steal_leaves_work_that_is_faster_where_it_is() -> None:
     slow_thief = load(base_s=0.5, per_sample_s=0.1, batch_size=4)
     victim = load(queued_samples=2, batch_size=4)
     assert plan_steal(slow_thief, victim, [1, 1]) == 0
+
+
+def test_busy_replica_is_priced_with_the_arrivals_that_will_join_its_next_batch() -> None:
+    quiet = load(queued_samples=1, running_remaining_s=0.02, batch_size=8)
+    busy = load(queued_samples=1, running_remaining_s=0.02, batch_size=8,
+                arrival_rate_per_s=200.0)
+    # 20 ms until the next batch starts at 200 samples/s: 4 more samples join it.
+    assert busy.work_s(1) - quiet.work_s(1) == pytest.approx(4 * 0.002)
+    assert busy.work_s() == quiet.work_s()  # the queue alone is priced as it is
