@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,6 +88,8 @@ def load_torchscript(path: Path) -> ModelDefinition:
     def tensors(key: str) -> list[TensorSpec]:
         return [TensorSpec(t["name"], t["datatype"], tuple(t["shape"])) for t in spec[key]]
 
-    module = torch.jit.load(str(path), map_location="cpu").eval()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\..*deprecated")
+        module = torch.jit.load(str(path), map_location="cpu").eval()
     return ModelDefinition(module=module, inputs=tensors("inputs"), outputs=tensors("outputs"),
                            platform="pytorch_torchscript")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +22,16 @@ class Affine(torch.nn.Module):
         return x * 3 + 1
 
 
+def save_scripted(path: Path) -> None:
+    """What a user does to produce the file (torch marks TorchScript deprecated)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        save_scripted(path)
+
+
 async def test_torchscript_file_is_served(tmp_path: Path) -> None:
     path = tmp_path / "affine.pt"
-    torch.jit.script(Affine()).save(str(path))
+    save_scripted(path)
     (tmp_path / "affine.pt.json").write_text(json.dumps({
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
         "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}))
