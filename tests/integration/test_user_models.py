@@ -26,7 +26,7 @@ def save_scripted(path: Path) -> None:
     """What a user does to produce the file (torch marks TorchScript deprecated)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        save_scripted(path)
+        torch.jit.script(Affine()).save(str(path))
 
 
 async def test_torchscript_file_is_served(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ async def test_torchscript_file_is_served(tmp_path: Path) -> None:
 
 def test_torchscript_without_spec_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "bare.pt"
-    torch.jit.script(Affine()).save(str(path))
+    save_scripted(path)
     with pytest.raises(ValueError, match=r"bare\.pt\.json"):
         load_definition(str(path), BuiltinOptions())
 
