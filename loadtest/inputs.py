@@ -35,6 +35,7 @@ def generated_arrays(metadata: pb.ModelMetadataResponse, batch: int, seed: int,
         if dtype is None:
             raise ValueError(f"input {tensor.name}: cannot generate {tensor.datatype}; "
                              "use --inputs FILE.npz")
+        array: np.ndarray
         if np.issubdtype(dtype, np.floating) and tensor.datatype != "BF16":
             array = rng.standard_normal(shape).astype(dtype)
         else:

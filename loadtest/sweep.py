@@ -40,6 +40,7 @@ class LoadSpec:
     start_at_s: float = 0.0  # monotonic (system-wide); every process starts then
 
     def share(self, index: int, procs: int) -> LoadSpec:
+        value: float
         if self.mode == "concurrency":
             value = int(self.value) // procs + (1 if index < int(self.value) % procs else 0)
         else:
@@ -129,8 +130,8 @@ async def generate(spec: LoadSpec, procs: int, progress: Progress | None) -> lis
         return [await asyncio.to_thread(generate_share, spec, progress)]
     context = multiprocessing.get_context("spawn")
     loop = asyncio.get_running_loop()
-    initargs = () if progress is None else (progress,)
-    with ProcessPoolExecutor(max_workers=procs, mp_context=context,
+    initargs: tuple[Any, ...] = () if progress is None else (progress,)
+    with ProcessPoolExecutor(max_workers=procs, mp_context=context,  # type: ignore[arg-type]
                              initializer=_init_worker if progress else None,
                              initargs=initargs) as pool:
         futures = [loop.run_in_executor(pool, generate_share, spec.share(i, procs))

@@ -14,7 +14,6 @@ from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.datatypes import WIRE_TYPES, WireType
 from evenflow.server.models.spec import TensorSpec
 
-_InputTensor = pb.ModelInferRequest.InferInputTensor
 _OutputTensor = pb.ModelInferResponse.InferOutputTensor
 
 
@@ -45,11 +44,11 @@ def decode_inputs(request: pb.ModelInferRequest,
     arrays: list[np.ndarray] = []
     batch = -1
     for spec in specs:
-        index = by_name.get(spec.name)
-        if index is None:
+        position = by_name.get(spec.name)
+        if position is None:
             raise InvalidRequest(f"missing input {spec.name!r}; model expects {expected}")
-        tensor = tensors[index]
-        array = _decode_tensor(tensor, spec, raw[index] if raw else None)
+        tensor = tensors[position]
+        array = _decode_tensor(tensor, spec, raw[position] if raw else None)
         if batch not in (-1, array.shape[0]):
             raise InvalidRequest(f"input {spec.name!r} has batch {array.shape[0]}, other inputs "
                                  f"have {batch}; all inputs must share the batch dimension")
@@ -58,7 +57,8 @@ def decode_inputs(request: pb.ModelInferRequest,
     return arrays, batch
 
 
-def _decode_tensor(tensor: _InputTensor, spec: TensorSpec, raw: bytes | None) -> np.ndarray:
+def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, spec: TensorSpec,
+                   raw: bytes | None) -> np.ndarray:
     name = spec.name
     if tensor.datatype != spec.datatype:
         raise InvalidRequest(f"input {name!r} has datatype {tensor.datatype or '(empty)'}; "
@@ -122,7 +122,7 @@ def _split_bytes(name: str, raw: bytes) -> list[bytes]:
 
 
 def _decode_typed(name: str, wire: WireType, shape: tuple[int, ...], count: int,
-                  tensor: _InputTensor) -> np.ndarray:
+                  tensor: pb.ModelInferRequest.InferInputTensor) -> np.ndarray:
     if wire.contents_field is None:
         raise InvalidRequest(f"input {name!r}: {wire.name} has no typed contents field; "
                              "send it in raw_input_contents")

@@ -16,7 +16,7 @@ from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
-from evenflow.server.served import MODEL_VERSION, ModelTable
+from evenflow.server.served import MODEL_VERSION, ModelTable, ServedModel
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryIndexResponse(models=[
             entry(name=m.name, version=MODEL_VERSION, state=state) for m in self._models])
 
-    async def _lookup(self, name: str, version: str, context: grpc.aio.ServicerContext) -> ...:
+    async def _lookup(self, name: str, version: str,
+                      context: grpc.aio.ServicerContext) -> ServedModel:
         try:
             return self._models.get(name, version)
         except EvenflowError as exc:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from evenflow.balancer.errors import BatchFailed, EvenflowError
@@ -66,6 +66,7 @@ class ThreadWorker:
                 if item is _STOP:
                     return
                 jobs, future, loop = item
+                deliver: Callable[[asyncio.Future[Any], Any], None]
                 try:
                     result: Any = self._execute(jobs)
                     deliver = _set_result
