@@ -66,13 +66,14 @@ class Target:
         return OK
 
 
-async def closed_loop(target: Target, *, concurrency: int,
-                      duration_s: float) -> list[RequestRecord]:
+async def closed_loop(target: Target, *, concurrency: int, duration_s: float,
+                      records: list[RequestRecord] | None = None) -> list[RequestRecord]:
     """``concurrency`` workers, each sending its next request as soon as the last one returns,
-    until ``duration_s`` has passed."""
+    until ``duration_s`` has passed. Records go into ``records`` (a new list by default) as
+    requests finish, so a progress reporter can read them while the loop runs."""
     now = time.monotonic
     end_s = now() + duration_s
-    records: list[RequestRecord] = []
+    records = [] if records is None else records
 
     async def worker(index: int) -> None:
         while (sent_s := now()) < end_s:
@@ -84,14 +85,15 @@ async def closed_loop(target: Target, *, concurrency: int,
 
 
 async def open_loop(target: Target, send_offsets_s: Sequence[float], *,
-                    max_outstanding: int = 20_000,
-                    start_s: float | None = None) -> tuple[list[RequestRecord], int]:
+                    max_outstanding: int = 20_000, start_s: float | None = None,
+                    records: list[RequestRecord] | None = None
+                    ) -> tuple[list[RequestRecord], int]:
     """Send at ``start_s + offset`` for each offset (``start_s``: monotonic, default now).
     Returns the records and how many requests were not sent because ``max_outstanding`` were
     already in flight (counted as generator drops)."""
     now = time.monotonic
     start_s = now() if start_s is None else start_s
-    records: list[RequestRecord] = []
+    records = [] if records is None else records
     tasks: set[asyncio.Task[None]] = set()
     dropped = 0
 

@@ -26,11 +26,12 @@ def _status(response: pb.ModelStreamInferResponse) -> str:
     return response.error_message.partition(":")[0] or "UNKNOWN"
 
 
-async def stream_closed_loop(target: Target, *, concurrency: int,
-                             duration_s: float) -> list[RequestRecord]:
+async def stream_closed_loop(target: Target, *, concurrency: int, duration_s: float,
+                             records: list[RequestRecord] | None = None
+                             ) -> list[RequestRecord]:
     now = time.monotonic
     end_s = now() + duration_s
-    records: list[RequestRecord] = []
+    records = [] if records is None else records
 
     async def slot(index: int) -> None:
         call = target.stub(index).ModelStreamInfer(timeout=duration_s + target.timeout_s)
@@ -48,13 +49,15 @@ async def stream_closed_loop(target: Target, *, concurrency: int,
 
 
 async def stream_open_loop(target: Target, send_offsets_s: Sequence[float],
-                           start_s: float | None = None) -> tuple[list[RequestRecord], int]:
+                           start_s: float | None = None,
+                           records: list[RequestRecord] | None = None
+                           ) -> tuple[list[RequestRecord], int]:
     now = time.monotonic
     start_s = now() if start_s is None else start_s
     duration_s = (send_offsets_s[-1] if send_offsets_s else 0.0) + target.timeout_s
     call = target.stub(0).ModelStreamInfer(timeout=duration_s + 1.0)
     pending: dict[str, tuple[float, float]] = {}
-    records: list[RequestRecord] = []
+    records = [] if records is None else records
 
     async def reader() -> None:
         while pending or not writer.done():

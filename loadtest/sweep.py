@@ -87,15 +87,16 @@ async def _generate(spec: LoadSpec, progress: Progress | None) -> tuple[list[Req
         await asyncio.sleep(max(0.0, spec.start_at_s - time.monotonic()))  # align processes
         if spec.mode == "concurrency":
             run = stream_closed_loop if spec.streaming else closed_loop
-            records = await run(target, concurrency=int(spec.value), duration_s=spec.duration_s)
+            await run(target, concurrency=int(spec.value), duration_s=spec.duration_s,
+                      records=records)
             return records, 0
         offsets = send_times_s(Arrival.parse(spec.arrival), spec.value, spec.duration_s,
                                spec.seed)
         start_s = max(spec.start_at_s, time.monotonic())
         if spec.streaming:
-            records, dropped = await stream_open_loop(target, offsets, start_s)
+            _, dropped = await stream_open_loop(target, offsets, start_s, records=records)
         else:
-            records, dropped = await open_loop(target, offsets, start_s=start_s)
+            _, dropped = await open_loop(target, offsets, start_s=start_s, records=records)
         return records, dropped
     finally:
         if reporter is not None:
