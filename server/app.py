@@ -78,13 +78,14 @@ class App:
         self._health = health.aio.HealthServicer()
         self._frontend: InferenceServicer | None = None
         self._nvml: NvmlSampler | None = None
+        self._started: list[ServedModel] = []  # so a failed start still closes what it built
 
     async def start(self) -> int:
         config = self.config
         torch.set_num_threads(config.cpu_threads)
         sys.setswitchinterval(config.gil_switch_interval_s)
         devices = parse_devices(config.devices or default_devices())
-        served: list[ServedModel] = []
+        served = self._started
         for name, source in config.models:
             definition = await asyncio.to_thread(load_definition, source, config.builtins)
             workers = build_workers(name, definition, devices, _DTYPES[config.dtype], config)
@@ -140,8 +141,8 @@ class App:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        if self.models is not None:
-            for model in self.models:
+        if self._started:
+            for model in self._started:
                 try:
                     await asyncio.wait_for(model.balancer.drain(), timeout=grace_s)
                 except TimeoutError:
@@ -149,6 +150,7 @@ class App:
                 await model.balancer.close()
                 for replica in model.balancer.replicas:
                     await replica.worker.close()
+            self._started = []
             self.models = None
         if self._nvml is not None:
             await self._nvml.close()

@@ -14,6 +14,7 @@ from evenflow.server.config import DTYPES, ServerConfig
 from evenflow.server.models.builtin import DEFAULT_SIM_LAYER_MS, ENCODER_SIZES
 from evenflow.server.models.repository import BuiltinOptions, parse_model_arg
 from evenflow.server.models.spec import SimProfile
+from evenflow.server.workers.devices import parse_devices
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,6 +76,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     names = [name for name, _ in models]
     if len(set(names)) != len(names):
         raise ValueError(f"model names must be unique: {names}")
+    if args.devices is not None:
+        devices = parse_devices(args.devices)  # fail here, with usage, not after loading
+        if args.pipeline_stages < 1 or len(devices) % args.pipeline_stages:
+            raise ValueError(f"{len(devices)} devices cannot form pipelines of "
+                             f"{args.pipeline_stages} stages")
     balancer = BalancerConfig(
         policy=Policy(args.policy), adaptive_batching=args.batch_policy == "adaptive",
         max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1000.0,

@@ -102,3 +102,14 @@ async def test_sigterm_drains_in_flight_work_then_exits_zero(server_factory) -> 
         y = await in_flight
     np.testing.assert_array_equal(y["y"], x * 3)
     assert await asyncio.to_thread(server.proc.wait, 30) == 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--devices", "tpu:0"], "unknown device 'tpu:0'"),
+    (["--devices", "cpu:0,cpu:1,cpu:2", "--pipeline-stages", "2"], "cannot form pipelines"),
+    (["--model", "nosuch"], "unknown built-in model")])
+def test_bad_command_lines_exit_with_usage(args: list[str], message: str) -> None:
+    run = subprocess.run([sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0",
+                          *args], check=False, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert message in run.stderr

@@ -62,3 +62,18 @@ def test_factory_must_return_a_definition() -> None:
         load_definition("tests.integration.test_user_models:Affine", BuiltinOptions())
     with pytest.raises(ValueError, match="no callable"):
         load_definition("tests.fixture_models:nope", BuiltinOptions())
+
+
+async def test_a_failed_start_closes_what_it_built() -> None:
+    from evenflow.server.app import App
+    from evenflow.server.config import ServerConfig
+
+    app = App(ServerConfig(port=0, devices="cpu", models=(("mlp", "mlp"),
+                                                          ("bad", "tests.fixture_models:nope"))))
+    with pytest.raises(ValueError, match="no callable"):
+        await app.start()
+    (built,) = app._started
+    worker = built.balancer.replicas[0].worker
+    await app.stop(grace_s=1)
+    assert worker._closed and not worker._thread.is_alive()  # type: ignore[attr-defined]
+    assert all(r._task is None for r in built.balancer.replicas)
