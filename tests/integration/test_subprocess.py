@@ -57,12 +57,14 @@ def perf_analyzer_command() -> list[str] | None:
 
 @pytest.mark.perf_analyzer
 def test_perf_analyzer_completes(mlp_server) -> None:
+    """The README's perf_analyzer command completes. The stability window is wide (-s 100) on
+    purpose: this checks compatibility on a shared 2-core CI machine, not the numbers."""
     command = perf_analyzer_command()
     if command is None:
         pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
     run = subprocess.run(
         [*command, "-i", "grpc", "-u", mlp_server.url, "-m", "mlp", "--shape", "x:256",
-         "--concurrency-range", "1:16:4", "-p", "1000", "-s", "60", "-r", "6"],
+         "--concurrency-range", "1:16:4", "-p", "1000", "-s", "100", "-r", "6"],
         check=False, capture_output=True, text=True, timeout=110)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "Concurrency: 13" in run.stdout
