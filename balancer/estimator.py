@@ -51,6 +51,11 @@ class LatencyModel:
     def fit(self) -> LatencyFit:
         return self._fit
 
+    @property
+    def observed(self) -> bool:
+        """Whether any batch has been measured (before that the fit is only the prior)."""
+        return self._w > 0.0 or bool(self._surprises)
+
     def predict_s(self, batch_size: int) -> float:
         return self._fit.predict_s(batch_size)
 

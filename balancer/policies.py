@@ -34,6 +34,7 @@ class ReplicaLoad:
     per_sample_s: float  # fitted cost per sample, c
     batch_size: int  # the replica's current batch size
     arrival_rate_per_s: float = 0.0  # samples recently routed here per second
+    cold: bool = False  # no batch measured yet: its a and c are only the prior
 
     def work_s(self, extra_samples: int = 0) -> float:
         """Seconds until this replica has finished everything it holds, plus ``extra_samples``
@@ -43,6 +44,10 @@ class ReplicaLoad:
         arrive before it starts (up to the batch size): a busy replica's next batch fills up
         behind a new request and takes longer, which a snapshot of the queue alone misses.
         """
+        if self.cold and (self.running_requests or self.queued_samples):
+            # Probe, then trust: a replica that has not reported a batch yet takes one batch's
+            # worth at most, or a slow new device priced by the prior would soak up a burst.
+            return math.inf
         samples = self.queued_samples + extra_samples
         num_batches = math.ceil(samples / self.batch_size) if samples else 0
         joiners = 0.0

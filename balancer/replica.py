@@ -113,7 +113,8 @@ class Replica:
         remaining = max(0.0, self._running_end_s - now_s) if self._running_requests else 0.0
         return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
                            len(self.queue), fit.base_s, fit.per_sample_s,
-                           self.controller.batch_size, self._decayed_rate(now_s))
+                           self.controller.batch_size, self._decayed_rate(now_s),
+                           not self.estimator.observed)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self.estimator.fit

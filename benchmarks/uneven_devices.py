@@ -81,7 +81,10 @@ async def saturate(url: str, concurrency: int, seconds: float, warmup_s: float) 
 async def open_loop_point(url: str, rate_per_s: float, seconds: float, seed: int) -> dict:
     target = Target(url, mlp_like_request("sim", "x", [1, 256]))
     try:
-        await closed_loop(target, concurrency=8, duration_s=1.0)  # warm the controllers
+        # Warm up under the same load, so the fits and controllers start the measurement in the
+        # steady state rather than converging during it (every policy gets the same warm-up).
+        await open_loop(target, send_times_s(Arrival.parse("poisson"), rate_per_s, 2.0,
+                                             seed + 1))
         records, dropped = await open_loop(
             target, send_times_s(Arrival.parse("poisson"), rate_per_s, seconds, seed))
     finally:

@@ -69,3 +69,12 @@ def test_busy_replica_is_priced_with_the_arrivals_that_will_join_its_next_batch(
     # 20 ms until the next batch starts at 200 samples/s: 4 more samples join it.
     assert busy.work_s(1) - quiet.work_s(1) == pytest.approx(4 * 0.002)
     assert busy.work_s() == quiet.work_s()  # the queue alone is priced as it is
+
+
+def test_a_cold_replica_gets_one_probe_before_it_is_trusted() -> None:
+    warm = load(queued_samples=20)
+    cold_idle = ReplicaLoad(0.0, 0, 0, 0, 0.002, 0.0002, 8, cold=True)
+    cold_busy = ReplicaLoad(0.0, 1, 0, 0, 0.002, 0.0002, 8, cold=True)
+    rng = random.Random(0)
+    assert choose_least_work([warm, cold_idle], 1, rng) == 1  # the probe
+    assert choose_least_work([warm, cold_busy], 1, rng) == 0  # wait for its first result
