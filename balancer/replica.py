@@ -61,8 +61,6 @@ class Replica:
         self._max_in_flight = max(1, int(getattr(worker, "max_in_flight", 1)))
         self._in_flight: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
-        self._idle = asyncio.Event()  # nothing queued
-        self._idle.set()
         self._quiet = asyncio.Event()  # nothing queued and nothing running
         self._quiet.set()
         self.forming = False  # a partial batch is waiting for more work (up to max_wait_s)
@@ -156,7 +154,6 @@ class Replica:
         queue = self.queue
         while True:
             if not len(queue):
-                self._idle.set()
                 if not self._running_requests:
                     self._quiet.set()
                 if self._on_idle is not None:
@@ -164,7 +161,6 @@ class Replica:
                 if not len(queue):
                     await queue.wait_changed(None if self._on_idle is None else self._idle_poll_s)
                     continue
-            self._idle.clear()
             now_s = self._clock()
             size = self.controller.batch_size
             wait_s = queue.oldest_arrival_s + self._max_wait_s - now_s

@@ -2,7 +2,13 @@
 ``AsyncClient`` (asyncio), numpy arrays or torch tensors in, numpy arrays out."""
 
 from evenflow.client._aio import AsyncClient
-from evenflow.client._codec import ChannelOptions, ModelMetadata, StreamResult, TensorInfo
+from evenflow.client._codec import (
+    ChannelOptions,
+    ModelMetadata,
+    StreamResult,
+    TensorInfo,
+    numpy_dtype,
+)
 from evenflow.client._sync import Client
 from evenflow.client.errors import (
     DeadlineExceededError,
@@ -18,4 +24,5 @@ __all__ = [
     "AsyncClient", "ChannelOptions", "Client", "DeadlineExceededError", "InferenceServerError",
     "InvalidInputError", "ModelMetadata", "ModelNotFoundError", "ServerInternalError",
     "ServerOverloadedError", "ServerUnavailableError", "StreamResult", "TensorInfo",
+    "numpy_dtype",
 ]

@@ -41,6 +41,14 @@ class ModelMetadata:
     outputs: tuple[TensorInfo, ...]
 
 
+def numpy_dtype(datatype: str) -> np.dtype:
+    """The numpy dtype that carries a KServe v2 datatype on the wire (BF16: uint16 bits)."""
+    dtype = _NUMPY_OF.get(datatype)
+    if dtype is None:
+        raise TypeError(f"no numpy dtype for datatype {datatype!r}")
+    return dtype
+
+
 def _to_wire(value: Any) -> tuple[np.ndarray, str]:
     if not isinstance(value, np.ndarray) and hasattr(value, "detach"):  # a torch tensor
         tensor = value.detach().cpu()
@@ -78,9 +86,10 @@ def parse_response(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
     """Output name -> array. Arrays are read-only views of the response bytes."""
     result = {}
     for tensor, raw in zip(response.outputs, response.raw_output_contents, strict=True):
-        dtype = _NUMPY_OF.get(tensor.datatype)
-        if dtype is None:
-            raise TypeError(f"output {tensor.name!r}: unsupported datatype {tensor.datatype}")
+        try:
+            dtype = numpy_dtype(tensor.datatype)
+        except TypeError as exc:
+            raise TypeError(f"output {tensor.name!r}: {exc}") from None
         result[tensor.name] = np.frombuffer(raw, dtype=dtype).reshape(tuple(tensor.shape))
     return result
 

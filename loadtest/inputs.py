@@ -7,13 +7,9 @@ from pathlib import Path
 import grpc
 import numpy as np
 
+from evenflow.client import numpy_dtype
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-
-_NUMPY = {"BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
-          "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
-          "INT64": np.int64, "FP16": np.float16, "BF16": np.uint16, "FP32": np.float32,
-          "FP64": np.float64}
 
 
 def fetch_metadata(url: str, model: str, timeout_s: float = 10.0) -> pb.ModelMetadataResponse:
@@ -31,10 +27,11 @@ def generated_arrays(metadata: pb.ModelMetadataResponse, batch: int, seed: int,
     for tensor in metadata.inputs:
         shape = [batch if i == 0 and d == -1 else (variable_dim if d == -1 else d)
                  for i, d in enumerate(tensor.shape)]
-        dtype = _NUMPY.get(tensor.datatype)
-        if dtype is None:
+        try:
+            dtype = numpy_dtype(tensor.datatype)
+        except TypeError:
             raise ValueError(f"input {tensor.name}: cannot generate {tensor.datatype}; "
-                             "use --inputs FILE.npz")
+                             "use --inputs FILE.npz") from None
         array: np.ndarray
         if np.issubdtype(dtype, np.floating) and tensor.datatype != "BF16":
             array = rng.standard_normal(shape).astype(dtype)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from evenflow.client import numpy_dtype
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
@@ -122,11 +123,6 @@ async def open_loop(target: Target, send_offsets_s: Sequence[float], *,
     return records, dropped
 
 
-def throughput_per_s(records: Sequence[RequestRecord], since_s: float, until_s: float) -> float:
-    done = sum(1 for r in records if r.status == OK and since_s <= r.done_s < until_s)
-    return done / (until_s - since_s) if until_s > since_s else 0.0
-
-
 def binned_throughput(records: Sequence[RequestRecord], start_s: float, end_s: float,
                       bin_s: float) -> list[float]:
     """Successful completions per second in consecutive bins from ``start_s``."""
@@ -141,8 +137,7 @@ def binned_throughput(records: Sequence[RequestRecord], start_s: float, end_s: f
 def mlp_like_request(model: str, input_name: str, shape: Sequence[int],
                      datatype: str = "FP32", data: bytes | None = None) -> pb.ModelInferRequest:
     """A raw-content request of zeros (or ``data``) for one input."""
-    itemsize = {"FP32": 4, "FP16": 2, "BF16": 2, "FP64": 8, "INT64": 8, "INT32": 4,
-                "INT8": 1, "UINT8": 1, "BOOL": 1}[datatype]
+    itemsize = numpy_dtype(datatype).itemsize
     count = 1
     for dim in shape:
         count *= dim
