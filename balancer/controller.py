@@ -59,6 +59,21 @@ class BatchSizeController:
         elif observed_batch >= self.batch_size:
             self.batch_size = min(self.cap, self.batch_size + 1)
 
+    def live_batch_size(self, fit: LatencyFit, waited_s: float) -> int:
+        """The size the next batch may grow to when its oldest request will have waited
+        ``waited_s`` by the time it starts: the largest whose compute still ends within the
+        target for that request, and never below ``batch_size``.
+
+        ``batch_size`` is sized for the worst case (a request that waits out a whole batch, then
+        runs in one). Below saturation batches start sooner, and a burst is better absorbed by a
+        larger batch on a fast device than sent to a slow one or queued behind a full batch.
+        """
+        if not self._adaptive or not fit.reliable or fit.per_sample_s <= 0.0:
+            return self.batch_size
+        size = math.floor((self._latency_target_s - waited_s - fit.base_s) / fit.per_sample_s
+                          + 1e-9)
+        return max(self.batch_size, min(self.cap, size))
+
     def on_out_of_memory(self, failed_batch: int) -> None:
         self.cap = max(1, min(self.cap, failed_batch // 2))
         self.batch_size = min(self.batch_size, self.cap)

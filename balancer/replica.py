@@ -106,12 +106,19 @@ class Replica:
         return self._arrival_rate_per_s * math.exp(-max(0.0, now_s - self._rate_at_s)
                                                    / _RATE_TAU_S)
 
+    def _next_batch_size(self, now_s: float, remaining_s: float) -> int:
+        """How large the next batch may be, given when it starts and how long its oldest
+        request will have waited by then."""
+        oldest_s = self.queue.oldest_arrival_s if len(self.queue) else now_s
+        return self.controller.live_batch_size(self.estimator.fit,
+                                               now_s + remaining_s - oldest_s)
+
     def load(self, now_s: float) -> ReplicaLoad:
         fit = self.estimator.fit
         remaining = max(0.0, self._running_end_s - now_s) if self._running_requests else 0.0
         return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
                            len(self.queue), fit.base_s, fit.per_sample_s,
-                           self.controller.batch_size, self._decayed_rate(now_s),
+                           self._next_batch_size(now_s, remaining), self._decayed_rate(now_s),
                            not self.estimator.observed)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
@@ -162,7 +169,7 @@ class Replica:
                     await queue.wait_changed(None if self._on_idle is None else self._idle_poll_s)
                     continue
             now_s = self._clock()
-            size = self.controller.batch_size
+            size = self._next_batch_size(now_s, 0.0)
             wait_s = queue.oldest_arrival_s + self._max_wait_s - now_s
             # Waiting can only fill the batch with requests that are coming; when the model has
             # nothing else in flight (a lone client, low load), none is known to be coming.

@@ -71,3 +71,37 @@ def test_out_of_memory_lowers_cap() -> None:
     controller.on_out_of_memory(64)
     assert controller.cap == 32
     assert controller.batch_size == 32
+
+
+def settled_controller() -> tuple[BatchSizeController, LatencyFit]:
+    controller = BatchSizeController(max_batch=64, latency_target_s=0.050, max_wait_s=0.002)
+    fit = LatencyFit(0.010, 0.002, reliable=True)
+    controller.update(fit, 7, fit.predict_s(7))
+    assert controller.batch_size == 7
+    return controller, fit
+
+
+@pytest.mark.parametrize(
+    ("waited_s", "expected"),
+    [
+        (0.000, 20),  # nobody waited: (0.050 - 0.010) / 0.002
+        (0.010, 15),  # the oldest request has waited 10 ms: 30 ms of compute are left
+        (0.024, 8),   # about one batch waited out (near saturation): a little above nominal
+        (0.045, 7),   # the target is nearly spent: never below the worst-case size
+    ],
+)
+def test_live_batch_size_grows_with_the_time_left_to_the_oldest_request(
+        waited_s: float, expected: int) -> None:
+    controller, fit = settled_controller()
+    assert controller.live_batch_size(fit, waited_s) == expected
+
+
+def test_live_batch_size_respects_cap_fixed_policy_and_unreliable_fits() -> None:
+    controller, fit = settled_controller()
+    controller.on_out_of_memory(12)  # cap 6, batch size 6
+    assert controller.live_batch_size(fit, 0.0) == 6
+    fixed = BatchSizeController(max_batch=32, latency_target_s=0.050, max_wait_s=0.0,
+                                adaptive=False)
+    assert fixed.live_batch_size(fit, 0.0) == 32
+    fresh = BatchSizeController(max_batch=64, latency_target_s=0.050, max_wait_s=0.002)
+    assert fresh.live_batch_size(LatencyFit(0.010, 0.002, reliable=False), 0.0) == 1
