@@ -6,10 +6,13 @@ For each policy (least-work, round-robin, shared-queue, pow2), in one run, again
   * closed loop at ``--concurrency`` (saturating): throughput, its ratio to the sum of what each
     device achieves alone under the same settings (measured in this run), and the spread
     (max - min) of per-device busy fractions, from the server's own stats;
-  * open loop, Poisson, at 80 % of least-work's closed-loop throughput: p50 / p99.
+  * open loop, Poisson, at 80 % of least-work's closed-loop throughput: p50 / p99; least-work
+    and shared-queue alternate ``--repeats`` times on the same arrival sequences (paired), and
+    the p99 ratio is reported as the median and range over the pairs.
 Then, least-work again with device sim0 slowed 4x through the admin RPC mid-run: time until
 throughput is back to >= 0.9 of the new capacity (sum of devices alone at the new speeds).
-Writes .bench/uneven_devices.json.
+Writes .bench/uneven_devices_<target>ms.json. ``--latency-target-ms`` (default 50, the server's
+default) is passed to every server the script starts.
 """
 
 from __future__ import annotations
@@ -37,12 +40,14 @@ from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 
 DEVICES = "sim:1,sim:1,sim:0.5,sim:0.25"
 POLICIES = ("least-work", "round-robin", "shared-queue", "pow2")
+PAIRED = ("least-work", "shared-queue")  # the p99 comparison, repeated
 
 
-def start_sim_server(devices: str, policy: str, out: Path, tag: str) -> Server:
+def start_sim_server(args: argparse.Namespace, devices: str, policy: str, tag: str) -> Server:
     return start(evenflow_argv("--model", "sim", "--devices", devices, "--policy", policy,
-                               "--admin", "--max-queued-requests", "100000"),
-                 out / f"{tag}.log")
+                               "--admin", "--max-queued-requests", "100000",
+                               "--latency-target-ms", str(args.latency_target_ms)),
+                 args.out / f"{tag}.log")
 
 
 async def get_stats(url: str) -> ef.GetStatsResponse:
@@ -97,6 +102,12 @@ async def open_loop_point(url: str, rate_per_s: float, seconds: float, seed: int
             "generator_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))] if lag_ms else 0.0}
 
 
+def median_point(points: list[dict]) -> dict:
+    """The repetition whose p99 is the median (a real run, not a mix of runs)."""
+    ordered = sorted(points, key=lambda p: p["summary_ms"].get("p99", float("inf")))
+    return ordered[(len(ordered) - 1) // 2]
+
+
 async def slowdown(url: str, concurrency: int, before_s: float, after_s: float,
                    new_capacity: float) -> dict:
     """Slow sim0 4x mid-run; report throughput over time and the recovery time."""
@@ -133,7 +144,7 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
     out: Path = args.out
     alone: dict[str, float] = {}
     for speed in ("1", "0.5", "0.25"):
-        server = start_sim_server(f"sim:{speed}", "least-work", out, f"alone_{speed}")
+        server = start_sim_server(args, f"sim:{speed}", "least-work", f"alone_{speed}")
         try:
             result = await saturate(server.url, args.concurrency, args.seconds, args.warmup_s)
         finally:
@@ -146,7 +157,7 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
 
     results: dict[str, dict] = {}
     for policy in POLICIES:
-        server = start_sim_server(DEVICES, policy, out, policy)
+        server = start_sim_server(args, DEVICES, policy, policy)
         try:
             closed = await saturate(server.url, args.concurrency, args.seconds, args.warmup_s)
             results[policy] = {"closed": closed}
@@ -155,25 +166,34 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
         print(f"{policy}: {closed['throughput_per_s']:.1f} req/s, busy spread "
               f"{closed['busy_spread']:.3f}", flush=True)
     rate = 0.8 * results["least-work"]["closed"]["throughput_per_s"]
+    # The tail comparison is repeated, least-work and shared-queue alternating (A B A B), each
+    # pair on the same arrival sequence; round-robin and pow2 are overloaded at this rate, once.
+    for repeat in range(args.repeats):
+        for policy in POLICIES if repeat == 0 else PAIRED:
+            server = start_sim_server(args, DEVICES, policy, f"{policy}_open_{repeat}")
+            try:
+                point = await open_loop_point(server.url, rate, args.seconds, args.seed + repeat)
+            finally:
+                server.stop()
+            results[policy].setdefault("open_repeats", []).append(point)
+            summary = point["summary_ms"]
+            print(f"{policy} @ {rate:.0f}/s: p50 {summary.get('p50', 0):.1f} ms "
+                  f"p99 {summary.get('p99', 0):.1f} ms", flush=True)
     for policy in POLICIES:
-        server = start_sim_server(DEVICES, policy, out, f"{policy}_open")
-        try:
-            results[policy]["open"] = await open_loop_point(server.url, rate, args.seconds,
-                                                            args.seed)
-        finally:
-            server.stop()
-        summary = results[policy]["open"]["summary_ms"]
-        print(f"{policy} @ {rate:.0f}/s: p50 {summary.get('p50', 0):.1f} ms "
-              f"p99 {summary.get('p99', 0):.1f} ms", flush=True)
+        results[policy]["open"] = median_point(results[policy]["open_repeats"])
+    p99_ratios = [lw["summary_ms"]["p99"] / sq["summary_ms"]["p99"] for lw, sq in zip(
+        results["least-work"]["open_repeats"], results["shared-queue"]["open_repeats"],
+        strict=True)]
 
-    server = start_sim_server(DEVICES, "least-work", out, "slowdown")
+    server = start_sim_server(args, DEVICES, "least-work", "slowdown")
     try:
         slow = await slowdown(server.url, args.concurrency, 3.0, 6.0, new_capacity)
     finally:
         server.stop()
 
-    print(f"\ndevices {DEVICES}; sum of devices alone: {capacity:.1f} req/s "
-          f"(sim:1 {alone['1']:.1f}, sim:0.5 {alone['0.5']:.1f}, sim:0.25 {alone['0.25']:.1f})")
+    print(f"\ndevices {DEVICES}; latency target {args.latency_target_ms:g} ms; sum of devices "
+          f"alone: {capacity:.1f} req/s (sim:1 {alone['1']:.1f}, sim:0.5 {alone['0.5']:.1f}, "
+          f"sim:0.25 {alone['0.25']:.1f})")
     print(f"{'policy':>13} {'req/s':>7} {'/sum':>6} {'/rr':>6} {'busy spread':>12} "
           f"{'p50@80%':>8} {'p99@80%':>8} {'p99/sq':>7}")
     rr = results["round-robin"]["closed"]["throughput_per_s"]
@@ -192,14 +212,19 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
         print(f"{policy:>13} {tput:>7.1f} {tput / capacity:>6.3f} {tput / rr:>6.2f} "
               f"{closed['busy_spread'] * 100:>10.1f}pp {p50:>8.1f} {p99:>8.1f} "
               f"{p99 / sq_p99:>7.2f}")
+    ratios = sorted(p99_ratios)
+    print(f"\np99 at 80 % load, least-work / shared-queue, {len(ratios)} paired runs: median "
+          f"{ratios[(len(ratios) - 1) // 2]:.2f} (range {ratios[0]:.2f}..{ratios[-1]:.2f}); "
+          f"the table shows each policy's median run")
     recovered = slow["recovered_within_s"]
     print(f"\nslow-down: sim0 set to 0.25 at t={slow['slowed_at_s']:.2f} s; new capacity "
           f"{new_capacity:.1f} req/s; last 2 s {slow['throughput_last_2s_per_s']:.1f} req/s "
           f"({slow['throughput_last_2s_per_s'] / new_capacity:.2f}); back to >= 0.9 within "
           f"{'never' if recovered is None else f'{recovered:.2f} s'}")
-    write_json(out / "uneven_devices.json", {
+    write_json(out / f"uneven_devices_{args.latency_target_ms:g}ms.json", {
         "devices": DEVICES, "alone_per_s": alone, "capacity_per_s": capacity,
-        "open_loop_rate_per_s": rate, "rows": rows, "slowdown": slow,
+        "open_loop_rate_per_s": rate, "rows": rows, "p99_ratios_to_shared_queue": p99_ratios,
+        "slowdown": slow,
         "settings": vars(args) | {"out": str(args.out)}})
 
 
@@ -209,7 +234,11 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="paired least-work / shared-queue open-loop runs (default 3)")
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
+    parser.add_argument("--latency-target-ms", type=float, default=50.0,
+                        help="the servers' --latency-target-ms (every policy and device alone)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     asyncio.run(main_async(args))

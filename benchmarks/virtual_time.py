@@ -98,7 +98,7 @@ async def closed_loop(policy: Policy, speeds: Sequence[float], concurrency: int,
         nonlocal done_in_window
         while loop.time() < end_s:
             await balancer.submit(None, 1)
-            if loop.time() >= end_s - seconds:
+            if end_s - seconds <= loop.time() < end_s:
                 done_in_window += 1
 
     await asyncio.gather(*(client() for _ in range(concurrency)))
