@@ -1,6 +1,7 @@
 """The real ``ModelBalancer`` on simulated devices in virtual time: policy experiments in seconds.
 
-    python -m benchmarks.virtual_time [--seconds 20] [--overhead-ms 2] [--seed 1]
+    python -m benchmarks.virtual_time [--latency-targets-ms 40,50] [--rate-per-s R]
+                                      [--overhead-ms 2] [--seconds 20] [--seed 1]
 
 An asyncio event loop whose clock jumps to the next timer instead of sleeping drives the
 production balancer (routing, batching, latency fits, controllers, stealing) against devices
@@ -18,7 +19,7 @@ import asyncio
 import random
 import selectors
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from evenflow.balancer import BalancerConfig, ModelBalancer, Policy
 from evenflow.balancer.job import BatchResult, BatchTiming, Job
@@ -72,25 +73,20 @@ class SimDevice:
         return None
 
 
-CONFIG_OVERRIDES: dict[str, object] = {}
-
-
-def make_balancer(policy: Policy, speeds: Sequence[float]) -> ModelBalancer:
+def make_balancer(config: BalancerConfig, speeds: Sequence[float]) -> ModelBalancer:
     loop = asyncio.get_running_loop()
     devices = [SimDevice(f"sim{i}", speed) for i, speed in enumerate(speeds)]
-    balancer = ModelBalancer(model_name="sim", workers=devices,
-                             config=BalancerConfig(policy=policy, max_queued_requests=10**6,
-                                                           **CONFIG_OVERRIDES),  # type: ignore[arg-type]
-                             clock=loop.time, rng=random.Random(0))
+    balancer = ModelBalancer(model_name="sim", workers=devices, config=config, clock=loop.time,
+                             rng=random.Random(0))
     balancer.start()
     return balancer
 
 
-async def closed_loop(policy: Policy, speeds: Sequence[float], concurrency: int,
+async def closed_loop(config: BalancerConfig, speeds: Sequence[float], concurrency: int,
                       warmup_s: float, seconds: float) -> float:
     """Completed requests per second with ``concurrency`` clients each keeping one in flight."""
     loop = asyncio.get_running_loop()
-    balancer = make_balancer(policy, speeds)
+    balancer = make_balancer(config, speeds)
     end_s = loop.time() + warmup_s + seconds
     done_in_window = 0
 
@@ -107,11 +103,11 @@ async def closed_loop(policy: Policy, speeds: Sequence[float], concurrency: int,
     return done_in_window / seconds
 
 
-async def open_loop(policy: Policy, speeds: Sequence[float], rate_per_s: float, warmup_s: float,
-                    seconds: float, seed: int) -> list[float]:
+async def open_loop(config: BalancerConfig, speeds: Sequence[float], rate_per_s: float,
+                    warmup_s: float, seconds: float, seed: int) -> list[float]:
     """Latencies (s) of Poisson arrivals at ``rate_per_s`` after a warm-up under the same load."""
     loop = asyncio.get_running_loop()
-    balancer = make_balancer(policy, speeds)
+    balancer = make_balancer(config, speeds)
     rng = random.Random(seed)
     latencies_s: list[float] = []
     pending: list[asyncio.Future[object]] = []
@@ -137,26 +133,35 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def compare(args: argparse.Namespace, base: BalancerConfig) -> None:
+    """One latency target: every policy's capacity, then p50 / p99 at the open-loop rate."""
     overhead_s = args.overhead_ms / 1000.0
-    capacity = {p: await closed_loop(p, SPEEDS, args.concurrency, 2.0, args.seconds)
+    configs = {p: replace(base, policy=p) for p in Policy}
+    capacity = {p: await closed_loop(configs[p], SPEEDS, args.concurrency, 2.0, args.seconds)
                 for p in Policy}
-    rate = 0.8 * capacity[Policy.LEAST_WORK]
-    alone = sum([await closed_loop(Policy.LEAST_WORK, [s], args.concurrency, 2.0, args.seconds)
+    rate = args.rate_per_s or 0.8 * capacity[Policy.LEAST_WORK]
+    alone = sum([await closed_loop(base, [s], args.concurrency, 2.0, args.seconds)
                  for s in SPEEDS])
-    print(f"speeds {SPEEDS}; sum alone {alone:.1f}/s; open loop at {rate:.1f}/s "
-          f"(+{args.overhead_ms} ms per request)")
+    print(f"\nlatency target {base.latency_target_s * 1000:g} ms; speeds {SPEEDS}; sum alone "
+          f"{alone:.1f}/s; open loop at {rate:.1f}/s (+{args.overhead_ms:g} ms per request)")
     print(f"{'policy':>13} {'req/s':>7} {'/sum':>6} {'p50':>6} {'p99':>6} {'p99/sq':>7}")
     p99 = {}
     rows = []
     for policy in Policy:
         lat = [x + overhead_s for x in
-               await open_loop(policy, SPEEDS, rate, 2.0, args.seconds, args.seed)]
+               await open_loop(configs[policy], SPEEDS, rate, 2.0, args.seconds, args.seed)]
         p99[policy] = percentile(lat, 0.99) * 1000
         rows.append((policy, capacity[policy], percentile(lat, 0.5) * 1000, p99[policy]))
     for policy, tput, p50_ms, p99_ms in rows:
         print(f"{policy.value:>13} {tput:>7.1f} {tput / alone:>6.3f} {p50_ms:>6.1f} "
               f"{p99_ms:>6.1f} {p99_ms / p99[Policy.SHARED_QUEUE]:>7.2f}")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    for target_ms in args.latency_targets_ms:
+        await compare(args, BalancerConfig(
+            latency_target_s=target_ms / 1000.0, max_batch=args.max_batch,
+            adaptive_batching=args.batch_policy == "adaptive", max_queued_requests=10**6))
 
 
 def main() -> None:
@@ -165,13 +170,14 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--overhead-ms", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--latency-target-ms", type=float, default=50.0)
+    parser.add_argument("--latency-targets-ms", type=lambda text: [float(x) for x in
+                                                                   text.split(",")],
+                        default=[50.0], help="comma list; one table per target (default 50)")
+    parser.add_argument("--rate-per-s", type=float, default=0.0,
+                        help="open-loop rate (default: 80 %% of least-work's capacity)")
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--batch-policy", choices=("adaptive", "fixed"), default="adaptive")
     args = parser.parse_args()
-    CONFIG_OVERRIDES.update(latency_target_s=args.latency_target_ms / 1000.0,
-                            max_batch=args.max_batch,
-                            adaptive_batching=args.batch_policy == "adaptive")
     loop = VirtualLoop()
     try:
         loop.run_until_complete(main_async(args))

@@ -10,11 +10,13 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks.virtual_time import VirtualLoop, closed_loop, open_loop, percentile
-from evenflow.balancer import Policy
+from evenflow.balancer import BalancerConfig, Policy
 
 pytestmark = pytest.mark.timeout(30)
 
 SPEEDS = [1.0, 1.0, 0.5, 0.25]
+LEAST_WORK = BalancerConfig()  # the server's defaults: least-work, 50 ms target, max wait 2 ms
+ROUND_ROBIN = BalancerConfig(policy=Policy.ROUND_ROBIN)
 
 
 @pytest.fixture
@@ -34,23 +36,23 @@ def test_virtual_loop_jumps_over_sleeps(loop: VirtualLoop) -> None:
 def test_saturated_device_runs_batches_sized_for_the_latency_target(loop: VirtualLoop) -> None:
     # sim:1 costs 10 ms + 2 ms per sample; the 50 ms target allows 7 (2 + 2 * 24 ms) and a live
     # batch of 8 now and then, so a saturated device serves between 7/24 ms and 8/26 ms.
-    rate = loop.run_until_complete(closed_loop(Policy.LEAST_WORK, [1.0], 64, 1.0, 3.0))
+    rate = loop.run_until_complete(closed_loop(LEAST_WORK, [1.0], 64, 1.0, 3.0))
     assert 7 / 0.024 * 0.98 <= rate <= 8 / 0.026 * 1.02
 
 
 def test_least_work_uses_every_device_and_round_robin_is_held_back_by_the_slowest(
         loop: VirtualLoop) -> None:
-    alone = [loop.run_until_complete(closed_loop(Policy.LEAST_WORK, [s], 64, 1.0, 3.0))
+    alone = [loop.run_until_complete(closed_loop(LEAST_WORK, [s], 64, 1.0, 3.0))
              for s in SPEEDS]
-    least_work = loop.run_until_complete(closed_loop(Policy.LEAST_WORK, SPEEDS, 64, 1.0, 3.0))
-    round_robin = loop.run_until_complete(closed_loop(Policy.ROUND_ROBIN, SPEEDS, 64, 1.0, 3.0))
+    least_work = loop.run_until_complete(closed_loop(LEAST_WORK, SPEEDS, 64, 1.0, 3.0))
+    round_robin = loop.run_until_complete(closed_loop(ROUND_ROBIN, SPEEDS, 64, 1.0, 3.0))
     assert least_work >= 0.95 * sum(alone)
     # Round-robin gives each device a quarter of the requests, so the slowest sets the pace.
     assert least_work >= 2.5 * round_robin
 
 
 def test_open_loop_is_deterministic_for_a_seed(loop: VirtualLoop) -> None:
-    runs = [loop.run_until_complete(open_loop(Policy.LEAST_WORK, SPEEDS, 400.0, 0.5, 2.0, seed=3))
+    runs = [loop.run_until_complete(open_loop(LEAST_WORK, SPEEDS, 400.0, 0.5, 2.0, seed=3))
             for _ in range(2)]
     # Equal up to float rounding: the second run starts later on the same virtual clock.
     assert runs[0] == pytest.approx(runs[1], abs=1e-9)
