@@ -41,22 +41,46 @@ class Server:
                 self.proc.stdout.close()
 
 
+def wait_for_line(proc: subprocess.Popen[str], marker: str,
+                  timeout_s: float) -> tuple[str | None, list[str]]:
+    """Read ``proc``'s stdout until a line containing ``marker``: that line (None when the
+    process ended or the time ran out first) and the lines before it.
+
+    Reads the file descriptor itself: a buffered ``readline`` can pull two lines at once and leave
+    the second where ``select`` cannot see it.
+    """
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    deadline = time.monotonic() + timeout_s
+    pending = b""
+    before: list[str] = []
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while (remaining_s := deadline - time.monotonic()) > 0:
+            if not selector.select(remaining_s):
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            pending += chunk
+            while b"\n" in pending:
+                raw, pending = pending.split(b"\n", 1)
+                line = raw.decode(errors="replace")
+                if marker in line:
+                    return line, before
+                before.append(line)
+    return None, before
+
+
 def start(argv: list[str], log_path: Path, timeout_s: float = 120.0) -> Server:
     """Start a server that prints ``... listening on HOST:PORT`` once it serves."""
     log = log_path.open("w")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline and selector.select(deadline - time.monotonic()):
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if "listening on " in line:
-                return Server(proc, line.split()[-1])
+    line, _ = wait_for_line(proc, "listening on ", timeout_s)
+    if line is not None:
+        return Server(proc, line.split()[-1])
     proc.kill()
     proc.wait()
     raise RuntimeError(f"{argv} did not start; log: {log_path}")

@@ -19,9 +19,12 @@ from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.config import ServerConfig
 from evenflow.server.frontend import InferenceServicer
+from evenflow.server.metrics import collect
+from evenflow.server.metrics_http import MetricsEndpoint
 from evenflow.server.models.repository import load_definition
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.pipeline.worker import PipelineWorker
+from evenflow.server.prometheus import CONTENT_TYPE, render
 from evenflow.server.served import ModelTable, ServedModel
 from evenflow.server.stats_service import AdminServicer, StatsServicer
 from evenflow.server.telemetry import NvmlSampler
@@ -78,6 +81,8 @@ class App:
         self._health = health.aio.HealthServicer()
         self._frontend: InferenceServicer | None = None
         self._nvml: NvmlSampler | None = None
+        self._metrics: MetricsEndpoint | None = None
+        self.metrics_port = 0
         self._started: list[ServedModel] = []  # so a failed start still closes what it built
 
     async def start(self) -> int:
@@ -126,10 +131,17 @@ class App:
             raise OSError(f"could not bind {host}:{config.port}")
         await server.start()
         self._server = server
+        if config.metrics_port is not None:
+            self._metrics = MetricsEndpoint(self._render_metrics, CONTENT_TYPE)
+            self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         self._frontend.ready = True
         for service in ("", _INFERENCE_SERVICE.full_name):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
+
+    def _render_metrics(self) -> str:
+        nvml = self._nvml
+        return render(collect(self.models or (), nvml.latest if nvml is not None else ()))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (up to the grace), then close the
@@ -155,6 +167,9 @@ class App:
         if self._nvml is not None:
             await self._nvml.close()
             self._nvml = None
+        if self._metrics is not None:
+            await self._metrics.close()
+            self._metrics = None
 
 
 async def serve(config: ServerConfig) -> None:
@@ -166,6 +181,9 @@ async def serve(config: ServerConfig) -> None:
         loop.add_signal_handler(sig, stop.set)
     try:
         port = await app.start()
+        if config.metrics_port is not None:
+            host = f"[{config.host}]" if ":" in config.host else config.host
+            print(f"evenflow metrics on http://{host}:{app.metrics_port}/metrics", flush=True)
         print(f"evenflow listening on {config.host}:{port}", flush=True)
         await stop.wait()
         logger.info("signal received: draining")

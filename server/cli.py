@@ -64,6 +64,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     ops = parser.add_argument_group("operations")
     ops.add_argument("--admin", action="store_true",
                      help="serve the admin service (set sim device speeds while serving)")
+    ops.add_argument("--metrics-port", type=int, default=None,
+                     help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free "
+                          "port); off unless given")
     ops.add_argument("--shutdown-grace-s", type=float, default=30.0,
                      help="on SIGTERM, how long in-flight requests get (default 30)")
     ops.add_argument("--gil-switch-interval-us", type=float, default=200.0,
@@ -94,7 +97,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
                                 sim_layer_ms=tuple(float(v) for v in args.sim_layer_ms.split(","))),
         pipeline_stages=args.pipeline_stages, pipeline_partition=args.pipeline_partition,
         repartition=not args.no_repartition,
-        admin=args.admin, shutdown_grace_s=args.shutdown_grace_s,
+        admin=args.admin, metrics_port=args.metrics_port,
+        shutdown_grace_s=args.shutdown_grace_s,
         gil_switch_interval_s=args.gil_switch_interval_us / 1e6)
 
 

@@ -22,6 +22,8 @@ class ServerConfig:
     balancer: admission, routing and batching settings, the same for every model.
     builtins: sizes of the built-in models.
     admin: serve the admin service (changes simulated devices).
+    metrics_port: serve Prometheus metrics at http://host:PORT/metrics (0 picks a free port);
+        None serves none.
     shutdown_grace_s: on SIGTERM, how long in-flight requests get to finish.
     pipeline_stages: devices per replica; each replica is a pipeline of that many stages.
     pipeline_partition: "optimal" (exact partitioner) or "even" (same layer count per stage).
@@ -41,6 +43,7 @@ class ServerConfig:
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
     builtins: BuiltinOptions = field(default_factory=BuiltinOptions)
     admin: bool = False
+    metrics_port: int | None = None
     shutdown_grace_s: float = 30.0
     gil_switch_interval_s: float = 0.0002
     pipeline_stages: int = 1

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import selectors
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from benchmarks.harness import wait_for_line
 from evenflow.balancer import BatchResult, BatchTiming, Job
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -91,6 +90,7 @@ class ServerProcess:
     proc: subprocess.Popen[str]
     url: str
     log_path: Path
+    banner: tuple[str, ...] = ()  # what the server printed before its address line
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -119,17 +119,9 @@ def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -
         stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()
     assert proc.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if not selector.select(timeout=deadline - time.monotonic()):
-                break
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("evenflow listening on "):
-                return ServerProcess(proc, line.split()[-1], log_path)
+    line, banner = wait_for_line(proc, "evenflow listening on ", timeout_s)
+    if line is not None:
+        return ServerProcess(proc, line.split()[-1], log_path, tuple(banner))
     proc.kill()
     proc.wait()
     raise RuntimeError(f"server did not start: {log_path.read_text()[-3000:]}")

@@ -16,12 +16,14 @@ from evenflow.server.models.spec import SimProfile
 async def running_app(models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),), *,
                       devices: str = "cpu", balancer: BalancerConfig | None = None,
                       sim_profile: SimProfile | None = None, max_message_bytes: int = 1 << 22,
-                      admin: bool = False) -> AsyncIterator[tuple[App, str]]:
+                      admin: bool = False,
+                      metrics_port: int | None = None) -> AsyncIterator[tuple[App, str]]:
     config = ServerConfig(
         host="127.0.0.1", port=0, models=models, devices=devices,
         max_message_bytes=max_message_bytes,
         balancer=balancer or BalancerConfig(max_wait_s=0.0),
-        builtins=BuiltinOptions(sim_profile=sim_profile or SimProfile()), admin=admin)
+        builtins=BuiltinOptions(sim_profile=sim_profile or SimProfile()), admin=admin,
+        metrics_port=metrics_port)
     app = App(config)
     port = await app.start()
     try:

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -104,6 +105,24 @@ async def test_sigterm_drains_in_flight_work_then_exits_zero(server_factory) -> 
         y = await in_flight
     np.testing.assert_array_equal(y["y"], x * 3)
     assert await asyncio.to_thread(server.proc.wait, 30) == 0
+
+
+def fetch_text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:  # loopback only
+        return response.read().decode()
+
+
+async def test_metrics_port_flag_serves_prometheus_text(server_factory) -> None:
+    server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "1",
+                            "--metrics-port", "0")
+    (line,) = [b for b in server.banner if b.startswith("evenflow metrics on ")]
+    metrics_url = line.split()[-1]
+    assert metrics_url.startswith("http://127.0.0.1:") and metrics_url.endswith("/metrics")
+    async with AsyncClient(server.url) as client:
+        await client.infer("sim", {"x": np.ones((3, 256), np.float32)})
+    text = await asyncio.to_thread(fetch_text, metrics_url)
+    assert 'nv_inference_request_success{model="sim",version="1"} 1' in text.splitlines()
+    assert 'nv_inference_count{model="sim",version="1"} 3' in text.splitlines()
 
 
 @pytest.mark.parametrize(("args", "message"), [

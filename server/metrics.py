@@ -1,0 +1,131 @@
+"""What evenflow exports to Prometheus.
+
+Per model, Triton's metric names and meanings (``nv_inference_*``, labels ``model`` and
+``version``), so dashboards and alerts written for Triton work unchanged; per replica, the
+balancer's live state (``evenflow_replica_*``: busy fraction, queue, outstanding work, batch
+size, the fitted latency model); per GPU, the NVML sampler's last reading. Built from the same
+counters and snapshots as ModelStatistics and the stats RPC, at scrape time, on the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from evenflow.balancer import ReplicaSnapshot
+from evenflow.server.prometheus import MetricFamily
+from evenflow.server.served import MODEL_VERSION, ServedModel
+from evenflow.server.telemetry import GpuSample
+
+_US = 1e6
+
+# name, kind, help, value of a ReplicaSnapshot
+_REPLICA_METRICS: tuple[tuple[str, str, str, Callable[[ReplicaSnapshot], float]], ...] = (
+    ("evenflow_replica_busy_ratio", "gauge",
+     "Fraction of the last second the replica spent running batches", lambda r: r.busy_fraction),
+    ("evenflow_replica_busy_seconds_total", "counter",
+     "Seconds the replica spent running batches", lambda r: r.busy_s),
+    ("evenflow_replica_queued_requests", "gauge",
+     "Requests waiting in the replica's queue", lambda r: r.queued_requests),
+    ("evenflow_replica_queued_samples", "gauge",
+     "Samples waiting in the replica's queue", lambda r: r.queued_samples),
+    ("evenflow_replica_running_requests", "gauge",
+     "Requests in the batches the replica is running", lambda r: r.running_requests),
+    ("evenflow_replica_outstanding_work_seconds", "gauge",
+     "Predicted seconds until the replica has finished everything it holds",
+     lambda r: r.outstanding_work_s),
+    ("evenflow_replica_batch_size", "gauge",
+     "The batch-size controller's current size for the replica", lambda r: r.batch_size),
+    ("evenflow_replica_fit_base_seconds", "gauge",
+     "Fitted fixed cost per batch, a in t(b) = a + c*b", lambda r: r.fit_base_s),
+    ("evenflow_replica_fit_per_sample_seconds", "gauge",
+     "Fitted cost per sample, c in t(b) = a + c*b", lambda r: r.fit_per_sample_s),
+    ("evenflow_replica_fit_reliable", "gauge",
+     "1 when the latency fit is trusted, 0 while the controller falls back to AIMD",
+     lambda r: float(r.fit_reliable)),
+    ("evenflow_replica_batches_total", "counter",
+     "Batches the replica has run", lambda r: r.num_batches),
+    ("evenflow_replica_samples_total", "counter",
+     "Samples the replica has run", lambda r: r.num_samples),
+    ("evenflow_replica_stolen_requests_total", "counter",
+     "Requests the replica took from busier replicas' queues", lambda r: r.num_stolen_requests),
+    ("evenflow_replica_repartitions_total", "counter",
+     "Times the replica's pipeline was re-partitioned", lambda r: r.num_repartitions),
+)
+
+_GPU_METRICS: tuple[tuple[str, str, Callable[[GpuSample], float]], ...] = (
+    ("nv_gpu_utilization", "GPU utilization rate (0.0 - 1.0)", lambda g: g.utilization),
+    ("nv_gpu_memory_total_bytes", "Total GPU memory, in bytes", lambda g: g.memory_total_bytes),
+    ("nv_gpu_memory_used_bytes", "Used GPU memory, in bytes", lambda g: g.memory_used_bytes),
+    ("evenflow_gpu_sm_clock_hertz", "SM clock", lambda g: g.sm_clock_mhz * 1e6),
+    ("evenflow_gpu_temperature_celsius", "GPU temperature", lambda g: g.temperature_c),
+    ("evenflow_gpu_throttle_reasons", "NVML clock throttle reasons (bit mask)",
+     lambda g: g.throttle_reasons),
+)
+
+
+def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily]:
+    success = MetricFamily("nv_inference_request_success", "counter",
+                           "Number of successful inference requests")
+    failure = MetricFamily("nv_inference_request_failure", "counter",
+                           "Number of failed inference requests")
+    count = MetricFamily("nv_inference_count", "counter",
+                         "Number of inferences performed (a batch of n counts n)")
+    exec_count = MetricFamily("nv_inference_exec_count", "counter",
+                              "Number of batch executions")
+    pending = MetricFamily("nv_inference_pending_request_count", "gauge",
+                           "Requests waiting in the model's queues")
+    durations = [
+        (MetricFamily("nv_inference_request_duration_us", "counter",
+                      "Cumulative time of successful requests, queue plus compute"), "success"),
+        (MetricFamily("nv_inference_queue_duration_us", "counter",
+                      "Cumulative time requests waited in queues"), "queue"),
+        (MetricFamily("nv_inference_compute_input_duration_us", "counter",
+                      "Cumulative time requests spent copying inputs in"), "compute_input"),
+        (MetricFamily("nv_inference_compute_infer_duration_us", "counter",
+                      "Cumulative time requests spent in the model"), "compute_infer"),
+        (MetricFamily("nv_inference_compute_output_duration_us", "counter",
+                      "Cumulative time requests spent copying outputs out"), "compute_output"),
+    ]
+    rejected = MetricFamily("evenflow_rejected_requests_total", "counter",
+                            "Requests refused by admission (queue limit reached)")
+    target = MetricFamily("evenflow_latency_target_seconds", "gauge",
+                          "Latency target the batch-size controllers aim for")
+    replica_families = [(MetricFamily(name, kind, text), value)
+                        for name, kind, text, value in _REPLICA_METRICS]
+    batch_sizes = MetricFamily("evenflow_replica_batches_by_size_total", "counter",
+                               "Batches the replica has run, by batch size")
+    for model in models:
+        labels = {"model": model.name, "version": MODEL_VERSION}
+        counters = model.balancer.counters
+        snapshot = model.balancer.snapshot()
+        success.add(counters.success.count, **labels)
+        failure.add(counters.fail.count, **labels)
+        count.add(counters.inference_count, **labels)
+        exec_count.add(counters.execution_count, **labels)
+        pending.add(snapshot.queued_requests, **labels)
+        for family, attribute in durations:
+            family.add(getattr(counters, attribute).total_s * _US, **labels)
+        rejected.add(snapshot.num_rejected, model=model.name)
+        target.add(snapshot.latency_target_s, model=model.name)
+        for replica in snapshot.replicas:
+            replica_labels = {"model": model.name, "replica": replica.name,
+                              "devices": ",".join(replica.devices)}
+            for family, value in replica_families:
+                family.add(value(replica), **replica_labels)
+            for size, batches in sorted(replica.batch_size_counts.items()):
+                batch_sizes.add(batches, **replica_labels, batch_size=str(size))
+    return [success, failure, count, exec_count, pending, *(f for f, _ in durations), rejected,
+            target, *(f for f, _ in replica_families), batch_sizes]
+
+
+def _gpu_families(samples: Iterable[GpuSample]) -> list[MetricFamily]:
+    families = [(MetricFamily(name, "gauge", text), value) for name, text, value in _GPU_METRICS]
+    for sample in samples:
+        for family, value in families:
+            family.add(value(sample), gpu=sample.name)
+    return [family for family, _ in families]
+
+
+def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample]) -> list[MetricFamily]:
+    """Every metric family, read now."""
+    return [*_model_families(models), *_gpu_families(gpu_samples)]

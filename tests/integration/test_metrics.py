@@ -1,0 +1,118 @@
+"""Prometheus metrics over HTTP from a real server: Triton's per-model counters, the balancer's
+per-replica state, and the endpoint's answers to requests it does not serve."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import numpy as np
+import pytest
+
+from evenflow.balancer import BalancerConfig
+from evenflow.client import AsyncClient
+from evenflow.server.models.spec import SimProfile
+from tests.integration.inprocess import running_app
+
+pytestmark = pytest.mark.timeout(60)
+FAST = SimProfile(base_ms=1.0, per_sample_ms=0.1)
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+async def http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send one raw request; the status, headers (lower-case names) and body of the answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request)
+        await writer.drain()
+        answer = await reader.read()  # the endpoint closes the connection after answering
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers, body
+
+
+def parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """name -> [(labels, value)] of an exposition page; fails on a line it cannot read."""
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        assert match, f"not an exposition line: {line!r}"
+        name, labels, value = match.groups()
+        samples.setdefault(name, []).append((dict(_LABEL.findall(labels or "")), float(value)))
+    return samples
+
+
+def value(samples: dict, name: str, **labels: str) -> float:
+    matching = [v for found, v in samples[name] if labels.items() <= found.items()]
+    assert len(matching) == 1, (name, labels, samples.get(name))
+    return matching[0]
+
+
+async def test_metrics_count_requests_per_model_and_show_each_replica() -> None:
+    async with running_app((("sim", "sim"),), devices="sim:1,sim:0.5", sim_profile=FAST,
+                           balancer=BalancerConfig(max_wait_s=0.0),
+                           metrics_port=0) as (app, url), AsyncClient(url) as client:
+        x = np.ones((2, 256), np.float32)
+        await asyncio.gather(*(client.infer("sim", {"x": x}) for _ in range(12)))
+        status, headers, body = await http(
+            app.metrics_port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert status == 200
+    assert headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert int(headers["content-length"]) == len(body)
+    samples = parse(body.decode())
+    assert value(samples, "nv_inference_request_success", model="sim", version="1") == 12
+    assert value(samples, "nv_inference_request_failure", model="sim", version="1") == 0
+    assert value(samples, "nv_inference_count", model="sim") == 24
+    assert value(samples, "nv_inference_request_duration_us", model="sim") > 0
+    replicas = {labels["replica"]: v for labels, v in samples["evenflow_replica_samples_total"]}
+    assert set(replicas) == {"sim@sim0", "sim@sim1"}  # worker names: model@device
+    assert sum(replicas.values()) == 24
+    batches = sum(v for _, v in samples["evenflow_replica_batches_total"])
+    assert value(samples, "nv_inference_exec_count", model="sim") == batches
+    by_size = samples["evenflow_replica_batches_by_size_total"]
+    assert sum(v for _, v in by_size) == batches
+    assert sum(int(labels["batch_size"]) * v for labels, v in by_size) == 24
+    assert value(samples, "evenflow_latency_target_seconds", model="sim") == 0.05
+    assert "nv_gpu_utilization" not in samples  # no GPU here: no GPU metrics, not zeros
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"GET / HTTP/1.1\r\n\r\n", 404),
+    (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
+    (b"hello\r\n\r\n", 400),
+    (b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 10000 + b"\r\n\r\n", 431),
+])
+async def test_requests_other_than_a_scrape_get_a_clear_status(request_bytes: bytes,
+                                                               status: int) -> None:
+    async with running_app((("sim", "sim"),), devices="sim:1", sim_profile=FAST,
+                           metrics_port=0) as (app, url), AsyncClient(url) as client:
+        got, _, _ = await http(app.metrics_port, request_bytes)
+        assert got == status
+        # The endpoint and the server keep serving.
+        assert (await http(app.metrics_port, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == 200
+        await client.infer("sim", {"x": np.ones((1, 256), np.float32)})
+
+
+async def test_head_has_no_body_and_the_port_closes_with_the_server() -> None:
+    async with running_app((("sim", "sim"),), devices="sim:1", sim_profile=FAST,
+                           metrics_port=0) as (app, _):
+        port = app.metrics_port
+        status, headers, body = await http(port, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+        assert status == 200 and body == b"" and int(headers["content-length"]) > 0
+    with pytest.raises(ConnectionError):
+        await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_no_metrics_port_unless_asked_for() -> None:
+    async with running_app((("sim", "sim"),), devices="sim:1", sim_profile=FAST) as (app, _):
+        assert app.metrics_port == 0
