@@ -2,7 +2,9 @@
 
     python -m benchmarks.uneven_devices [--seconds 6] [--concurrency 64]
 
-For each policy (least-work, round-robin, shared-queue, pow2), in one run, against a fresh server:
+For each policy (least-work, round-robin, shared-queue, pow2, all with evenflow's adaptive batch
+sizes, and shared-queue with one fixed model-wide batch size, Triton as usually deployed), in
+one run, against a fresh server:
   * closed loop at ``--concurrency`` (saturating): throughput, its ratio to the sum of what each
     device achieves alone under the same settings (measured in this run), and the spread
     (max - min) of per-device busy fractions, from the server's own stats;
@@ -39,12 +41,21 @@ from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 
 DEVICES = "sim:1,sim:1,sim:0.5,sim:0.25"
-POLICIES = ("least-work", "round-robin", "shared-queue", "pow2")
+# Each policy's server flags. Every policy uses evenflow's adaptive per-replica batch sizes, so
+# only routing differs; "shared-queue+fixed" is Triton as usually deployed: one queue, one
+# model-wide batch size (--max-batch) for every instance, not sized from latency.
+POLICIES = {
+    "least-work": ("--policy", "least-work"),
+    "round-robin": ("--policy", "round-robin"),
+    "shared-queue": ("--policy", "shared-queue"),
+    "pow2": ("--policy", "pow2"),
+    "shared-queue+fixed": ("--policy", "shared-queue", "--batch-policy", "fixed"),
+}
 PAIRED = ("least-work", "shared-queue")  # the p99 comparison, repeated
 
 
 def start_sim_server(args: argparse.Namespace, devices: str, policy: str, tag: str) -> Server:
-    return start(evenflow_argv("--model", "sim", "--devices", devices, "--policy", policy,
+    return start(evenflow_argv("--model", "sim", "--devices", devices, *POLICIES[policy],
                                "--admin", "--max-queued-requests", "100000",
                                "--latency-target-ms", str(args.latency_target_ms)),
                  args.out / f"{tag}.log")
@@ -194,7 +205,7 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
     print(f"\ndevices {DEVICES}; latency target {args.latency_target_ms:g} ms; sum of devices "
           f"alone: {capacity:.1f} req/s (sim:1 {alone['1']:.1f}, sim:0.5 {alone['0.5']:.1f}, "
           f"sim:0.25 {alone['0.25']:.1f})")
-    print(f"{'policy':>13} {'req/s':>7} {'/sum':>6} {'/rr':>6} {'busy spread':>12} "
+    print(f"{'policy':>18} {'req/s':>7} {'/sum':>6} {'/rr':>6} {'busy spread':>12} "
           f"{'p50@80%':>8} {'p99@80%':>8} {'p99/sq':>7}")
     rr = results["round-robin"]["closed"]["throughput_per_s"]
     sq_p99 = results["shared-queue"]["open"]["summary_ms"].get("p99", float("nan"))
@@ -209,13 +220,17 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
                "busy_fraction": closed["busy_fraction"], "batch_size": closed["batch_size"],
                "open_loop": open_}
         rows.append(row)
-        print(f"{policy:>13} {tput:>7.1f} {tput / capacity:>6.3f} {tput / rr:>6.2f} "
+        print(f"{policy:>18} {tput:>7.1f} {tput / capacity:>6.3f} {tput / rr:>6.2f} "
               f"{closed['busy_spread'] * 100:>10.1f}pp {p50:>8.1f} {p99:>8.1f} "
               f"{p99 / sq_p99:>7.2f}")
     ratios = sorted(p99_ratios)
     print(f"\np99 at 80 % load, least-work / shared-queue, {len(ratios)} paired runs: median "
           f"{ratios[(len(ratios) - 1) // 2]:.2f} (range {ratios[0]:.2f}..{ratios[-1]:.2f}); "
           f"the table shows each policy's median run")
+    fixed_p99 = results["shared-queue+fixed"]["open"]["summary_ms"].get("p99", float("nan"))
+    lw_p99 = results["least-work"]["open"]["summary_ms"].get("p99", float("nan"))
+    print(f"least-work p99 / shared-queue+fixed p99 (Triton's fixed batch size): "
+          f"{lw_p99 / fixed_p99:.2f}")
     recovered = slow["recovered_within_s"]
     print(f"\nslow-down: sim0 set to 0.25 at t={slow['slowed_at_s']:.2f} s; new capacity "
           f"{new_capacity:.1f} req/s; last 2 s {slow['throughput_last_2s_per_s']:.1f} req/s "
