@@ -56,7 +56,7 @@ class SimDevice:
 
     name: str
     speed: float
-    base_s: float = 0.010
+    base_s: float = 0.010  # the server's sim model defaults (SimProfile: 10 ms + 2 ms/sample)
     per_sample_s: float = 0.002
 
     @property
