@@ -33,7 +33,8 @@ class BalancerConfig:
         latency_target_s: per-request latency the batch-size controller aims to stay within.
         max_queued_requests: admission bound over all of the model's queues; beyond it requests
             are refused with ``Overloaded`` rather than queued without limit.
-        work_stealing: an idle replica takes queued work from the busiest (``least-work`` only).
+        work_stealing: a replica that is idle, or starts a batch with room left, takes queued
+            work from the busiest while it would finish sooner there (``least-work`` only).
         prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
     """
 
@@ -80,7 +81,7 @@ class ModelBalancer:
                     estimator=LatencyModel(prior_base_s=config.prior_base_s,
                                            prior_per_sample_s=config.prior_per_sample_s),
                     counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
-                    on_idle=steal, others_in_flight=self._others_in_flight)
+                    find_work=steal, others_in_flight=self._others_in_flight)
             for worker in workers
         ]
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())

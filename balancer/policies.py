@@ -87,17 +87,19 @@ def choose_pow2(loads: Sequence[ReplicaLoad], rng: random.Random) -> int:
 
 
 def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Sequence[int]) -> int:
-    """How many jobs an idle replica should take from the tail of a busier replica's queue.
+    """How many jobs a replica should take from the tail of a busier replica's queue.
 
     ``victim_tail_samples`` lists the victim's queued jobs' sizes, last queued first. A job moves
-    when it would finish sooner on the thief (behind what the thief already took) than where it
-    is; the thief stops at one batch, so it never hoards work it cannot start now.
+    when it would finish sooner on the thief (behind what the thief already holds and took) than
+    where it is. The thief takes no more than the room left in its next batch (an idle thief: one
+    batch, or one job of any size), so it never hoards work it cannot start now.
     """
+    room = thief.batch_size - thief.queued_samples
     taken_samples = 0
     victim_samples = victim.queued_samples
     count = 0
     for samples in victim_tail_samples:
-        if taken_samples + samples > max(thief.batch_size, samples) and count:
+        if taken_samples + samples > room and (count or thief.queued_samples):
             break
         here_s = ReplicaLoad(victim.running_remaining_s, victim.running_requests,
                              victim_samples, 0, victim.base_s, victim.per_sample_s,

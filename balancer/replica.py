@@ -26,13 +26,16 @@ _RATE_TAU_S = 0.5  # arrival rates forget with this time constant
 class Replica:
     """Drives one worker.
 
-    The loop takes a batch from the queue when the queue holds the controller's batch size, when
+    The loop takes a batch from the queue when the queue holds the batch's live size, when
     the oldest job has waited ``max_wait_s``, when the model has no other request in flight, or
     when the balancer says no more work is coming (``close_forming_batch``); runs it on the
-    worker; feeds the measured time
-    to the latency model and the controller; resolves each job's future. When its queue is empty
-    it calls ``on_idle`` (the balancer's work stealing), and again every ``idle_poll_s`` while it
-    stays idle, so a replica whose estimate is wrong (and gets no new work) still takes work.
+    worker; feeds the measured time to the latency model and the controller; resolves each job's
+    future.
+
+    ``find_work`` is the balancer's work stealing. The replica calls it when its queue is empty,
+    again every ``idle_poll_s`` while it stays so (a replica whose estimate is wrong, and so gets
+    no new work, still takes work), and when it is about to start a batch with room left: work
+    queued elsewhere when it was routed can be bound late, to the batch that starts now.
 
     A batch that runs out of memory is split in half and retried, and the controller's cap drops;
     any other failure fails only that batch's jobs.
@@ -41,7 +44,7 @@ class Replica:
     def __init__(self, *, worker: Worker, queue: JobQueue, controller: BatchSizeController,
                  estimator: LatencyModel, counters: ModelCounters, max_wait_s: float,
                  clock: Clock = time.monotonic,
-                 on_idle: Callable[[Replica], None] | None = None,
+                 find_work: Callable[[Replica], None] | None = None,
                  idle_poll_s: float = 0.02,
                  others_in_flight: Callable[[Replica], bool] | None = None) -> None:
         self.worker = worker
@@ -52,7 +55,7 @@ class Replica:
         self._model_counters = counters
         self._max_wait_s = max_wait_s
         self._clock = clock
-        self._on_idle = on_idle
+        self._find_work = find_work
         self._idle_poll_s = idle_poll_s
         self._others_in_flight = others_in_flight
         self._running_since_s: float | None = None
@@ -163,10 +166,11 @@ class Replica:
             if not len(queue):
                 if not self._running_requests:
                     self._quiet.set()
-                if self._on_idle is not None:
-                    self._on_idle(self)
+                if self._find_work is not None:
+                    self._find_work(self)
                 if not len(queue):
-                    await queue.wait_changed(None if self._on_idle is None else self._idle_poll_s)
+                    await queue.wait_changed(
+                        None if self._find_work is None else self._idle_poll_s)
                     continue
             now_s = self._clock()
             size = self._next_batch_size(now_s, 0.0)
@@ -176,6 +180,8 @@ class Replica:
             alone = self._others_in_flight is not None and not self._others_in_flight(self)
             if queue.num_samples >= size or wait_s <= 0.0 or self._close_early or alone:
                 self.forming = self._close_early = False
+                if queue.num_samples < size and self._find_work is not None:
+                    self._find_work(self)  # top the batch up from busier replicas' queues
                 return queue.take(size, now_s)
             self.forming = True
             await queue.wait_changed(wait_s)

@@ -248,6 +248,35 @@ async def test_idle_replica_steals_queued_work_from_the_busiest(make_balancer) -
     await first
 
 
+async def test_a_batch_starting_with_room_takes_work_queued_on_a_busier_replica(
+        make_balancer) -> None:
+    a, b = FakeWorker("a", gated=True), FakeWorker("b", gated=True)
+    balancer = make_balancer([a, b], adaptive_batching=False, max_batch=4)
+    seed_fit(balancer, 0, 0.002, 0.0005)
+    seed_fit(balancer, 1, 0.002, 0.0005)
+    first = balancer.submit("first", 1)
+    await settle()
+    runner = next(r for r in balancer.replicas if r.worker.num_waiting)  # type: ignore[attr-defined]
+    other = next(r for r in balancer.replicas if r is not runner)
+    other_first = balancer.submit("other", 1)  # least work: goes to the idle one
+    await settle()
+    for i in range(6):  # queued on the running replica: bound there when they arrived
+        runner.queue.push(_job(balancer, i))
+    other.queue.push(_job(balancer, "own"))  # the other replica has one of its own queued
+    other.worker.release()  # type: ignore[attr-defined]
+    await settle()
+    # Its next batch starts with room for 3 more: they come from the busier replica's tail.
+    assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
+    assert other.stats.num_stolen_requests == 3
+    assert len(runner.queue) == 3
+    await other_first
+    for r in balancer.replicas:
+        while r.worker.num_waiting:  # type: ignore[attr-defined]
+            r.worker.release()  # type: ignore[attr-defined]
+            await settle()
+    await first
+
+
 def _job(balancer: ModelBalancer, payload: object):
     from evenflow.balancer import Job
 

@@ -56,6 +56,15 @@ def test_steal_moves_tail_work_that_finishes_sooner_on_the_thief() -> None:
     assert plan_steal(thief, victim, [1] * 12) == 4  # a batch's worth, no more
 
 
+def test_steal_tops_up_a_starting_batch_only_to_its_room() -> None:
+    thief = load(queued_samples=1, batch_size=4)  # about to start a batch of 1 of a possible 4
+    victim = load(queued_samples=12, running_remaining_s=0.02, batch_size=4)
+    assert plan_steal(thief, victim, [1] * 12) == 3
+    assert plan_steal(thief, victim, [4, 1]) == 0  # a job larger than the room stays put
+    full = load(queued_samples=4, batch_size=4)
+    assert plan_steal(full, victim, [1] * 12) == 0
+
+
 def test_steal_leaves_work_that_is_faster_where_it_is() -> None:
     slow_thief = load(base_s=0.5, per_sample_s=0.1, batch_size=4)
     victim = load(queued_samples=2, batch_size=4)
