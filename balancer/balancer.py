@@ -151,19 +151,22 @@ class ModelBalancer:
         return replicas[0]  # shared-queue: every replica reads the same queue
 
     def _steal_for(self, thief: Replica) -> None:
+        """Move queued jobs to ``thief`` from the busiest replicas first, while each would
+        finish sooner there and its next batch has room."""
         now_s = self._clock()
         victims = [r for r in self.replicas if r is not thief and len(r.queue)]
         if not victims:
             return
         loads = {id(r): r.load(now_s) for r in victims}
-        victim = max(victims, key=lambda r: loads[id(r)].work_s())
-        count = plan_steal(thief.load(now_s), loads[id(victim)], victim.queue.tail_sizes())
-        if not count:
-            return
-        moved = [victim.queue.pop_tail() for _ in range(count)]
-        for job in reversed(moved):
-            thief.queue.push(job)
-        thief.stats.num_stolen_requests += count
+        victims.sort(key=lambda r: loads[id(r)].work_s(), reverse=True)
+        for victim in victims:
+            count = plan_steal(thief.load(now_s), loads[id(victim)], victim.queue.tail_sizes())
+            if not count:
+                continue
+            moved = [victim.queue.pop_tail() for _ in range(count)]
+            for job in reversed(moved):
+                thief.queue.push(job)
+            thief.stats.num_stolen_requests += count
 
     async def drain(self) -> None:
         """Refuse new work and wait until every admitted request has finished."""
