@@ -113,12 +113,29 @@ class PerfPoint:
 def perf_analyzer(url: str, model: str, concurrency: int, out_dir: Path, *, shape: str = "x:256",
                   batch: int = 1, window_ms: int = 3000, extra: tuple[str, ...] = ()) -> PerfPoint:
     """One closed-loop point. An unstable measurement is kept and flagged, not dropped."""
+    return _perf_analyzer_point(
+        url, model, ("--concurrency-range", f"{concurrency}:{concurrency}"), concurrency,
+        out_dir, shape=shape, batch=batch, window_ms=window_ms, extra=extra)
+
+
+def perf_analyzer_at_rate(url: str, model: str, rate_per_s: float, out_dir: Path, *,
+                          shape: str = "x:256", window_ms: int = 6000) -> PerfPoint:
+    """One open-loop point: Poisson arrivals at ``rate_per_s`` (``concurrency`` is 0)."""
+    return _perf_analyzer_point(
+        url, model, ("--request-rate-range", f"{rate_per_s:.1f}", "--request-distribution",
+                     "poisson", "--max-threads", "64"), 0, out_dir, shape=shape, batch=1,
+        window_ms=window_ms, extra=("--percentile", "99"))
+
+
+def _perf_analyzer_point(url: str, model: str, load: tuple[str, ...], concurrency: int,
+                         out_dir: Path, *, shape: str, batch: int, window_ms: int,
+                         extra: tuple[str, ...]) -> PerfPoint:
     csv_path = out_dir / f"pa_{model}_{concurrency}_{time.monotonic_ns()}.csv"
     before = os.times()
     run = subprocess.run(
         [perf_analyzer_binary(), "-i", "grpc", "-u", url, "-m", model, "--shape", shape,
-         "-b", str(batch), "--concurrency-range", f"{concurrency}:{concurrency}",
-         "-p", str(window_ms), "-s", "60", "-r", "6", "-f", str(csv_path), *extra],
+         "-b", str(batch), *load, "-p", str(window_ms), "-s", "60", "-r", "6",
+         "-f", str(csv_path), *extra],
         check=False, capture_output=True, text=True, timeout=300)
     after = os.times()
     generator_cpu_s = (after.children_user - before.children_user

@@ -10,7 +10,8 @@ one run, against a fresh server:
     (max - min) of per-device busy fractions, from the server's own stats;
   * open loop, Poisson, at 80 % of least-work's closed-loop throughput: p50 / p99; least-work
     and shared-queue alternate ``--repeats`` times on the same arrival sequences (paired), and
-    the p99 ratio is reported as the median and range over the pairs.
+    the p99 ratio is reported as the median and range over the pairs; then the same pairs with
+    perf_analyzer as the generator (Poisson, same rate) unless ``--no-perf-analyzer``.
 Then, least-work again with device sim0 slowed 4x through the admin RPC mid-run: time until
 throughput is back to >= 0.9 of the new capacity (sum of devices alone at the new speeds).
 Writes .bench/uneven_devices_<target>ms.json. ``--latency-target-ms`` (default 50, the server's
@@ -26,7 +27,15 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.harness import REPO, Server, evenflow_argv, start, write_json
+from benchmarks.harness import (
+    REPO,
+    Server,
+    evenflow_argv,
+    perf_analyzer_at_rate,
+    perf_analyzer_binary,
+    start,
+    write_json,
+)
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.loadtest.histogram import LatencyHistogram
 from evenflow.loadtest.runner import (
@@ -113,6 +122,24 @@ async def open_loop_point(url: str, rate_per_s: float, seconds: float, seed: int
             "generator_lag_p99_ms": lag_ms[int(0.99 * (len(lag_ms) - 1))] if lag_ms else 0.0}
 
 
+def perf_analyzer_cross_check(args: argparse.Namespace, rate: float) -> dict:
+    """The paired p99 comparison again with Triton's C++ load generator, whose own latency is
+    far below the Python generator's on these 2 cores."""
+    p99_ms: dict[str, list[float]] = {policy: [] for policy in PAIRED}
+    for repeat in range(args.repeats):
+        for policy in PAIRED:
+            server = start_sim_server(args, DEVICES, policy, f"{policy}_pa_{repeat}")
+            try:
+                point = perf_analyzer_at_rate(server.url, "sim", rate, args.out)
+            finally:
+                server.stop()
+            p99_ms[policy].append(point.p99_ms)
+            print(f"perf_analyzer {policy} @ {rate:.0f}/s: {point.infer_per_s:.0f} infer/s, "
+                  f"p50 {point.p50_ms:.1f} ms p99 {point.p99_ms:.1f} ms", flush=True)
+    return {"p99_ms": p99_ms, "p99_ratios": [
+        lw / sq for lw, sq in zip(p99_ms["least-work"], p99_ms["shared-queue"], strict=True)]}
+
+
 def median_point(points: list[dict]) -> dict:
     """The repetition whose p99 is the median (a real run, not a mix of runs)."""
     ordered = sorted(points, key=lambda p: p["summary_ms"].get("p99", float("inf")))
@@ -195,6 +222,7 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
     p99_ratios = [lw["summary_ms"]["p99"] / sq["summary_ms"]["p99"] for lw, sq in zip(
         results["least-work"]["open_repeats"], results["shared-queue"]["open_repeats"],
         strict=True)]
+    cross_check = perf_analyzer_cross_check(args, rate) if args.perf_analyzer else {}
 
     server = start_sim_server(args, DEVICES, "least-work", "slowdown")
     try:
@@ -231,6 +259,12 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
     lw_p99 = results["least-work"]["open"]["summary_ms"].get("p99", float("nan"))
     print(f"least-work p99 / shared-queue+fixed p99 (Triton's fixed batch size): "
           f"{lw_p99 / fixed_p99:.2f}")
+    if cross_check:
+        ratios_pa = sorted(cross_check["p99_ratios"])
+        mid = ratios_pa[(len(ratios_pa) - 1) // 2]
+        print(f"perf_analyzer (C++ client, Poisson at the same rate), {len(ratios_pa)} paired "
+              f"runs: p99 least-work / shared-queue median {mid:.2f} "
+              f"(range {ratios_pa[0]:.2f}..{ratios_pa[-1]:.2f})")
     recovered = slow["recovered_within_s"]
     print(f"\nslow-down: sim0 set to 0.25 at t={slow['slowed_at_s']:.2f} s; new capacity "
           f"{new_capacity:.1f} req/s; last 2 s {slow['throughput_last_2s_per_s']:.1f} req/s "
@@ -239,6 +273,7 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
     write_json(out / f"uneven_devices_{args.latency_target_ms:g}ms.json", {
         "devices": DEVICES, "alone_per_s": alone, "capacity_per_s": capacity,
         "open_loop_rate_per_s": rate, "rows": rows, "p99_ratios_to_shared_queue": p99_ratios,
+        "perf_analyzer_cross_check": cross_check,
         "slowdown": slow,
         "settings": vars(args) | {"out": str(args.out)}})
 
@@ -249,6 +284,8 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-perf-analyzer", dest="perf_analyzer", action="store_false",
+                        help="skip the perf_analyzer cross-check of the p99 comparison")
     parser.add_argument("--repeats", type=int, default=3,
                         help="paired least-work / shared-queue open-loop runs (default 3)")
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
@@ -256,6 +293,8 @@ def main() -> None:
                         help="the servers' --latency-target-ms (every policy and device alone)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.perf_analyzer:
+        perf_analyzer_binary()  # fail now, not after minutes of measuring
     asyncio.run(main_async(args))
 
 
