@@ -7,6 +7,7 @@ sleeping; ``settle`` only lets already-runnable callbacks run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 from collections.abc import AsyncIterator, Callable
@@ -24,6 +25,7 @@ from evenflow.balancer import (
     Policy,
     ShuttingDown,
 )
+from evenflow.balancer.replica import Replica
 from tests.conftest import FakeClock, FakeWorker
 
 pytestmark = pytest.mark.timeout(10)
@@ -222,9 +224,12 @@ async def test_least_work_sends_more_to_the_faster_replica(make_balancer) -> Non
     assert max(works) - min(works) <= 0.008 + 0.002 * 8
 
 
-async def test_idle_replica_steals_queued_work_from_the_busiest(make_balancer) -> None:
-    busy, idle = FakeWorker("busy", gated=True), FakeWorker("idle", gated=True)
-    balancer = make_balancer([busy, idle], adaptive_batching=False, max_batch=4)
+@contextlib.asynccontextmanager
+async def two_busy_replicas(make_balancer) -> AsyncIterator[tuple[ModelBalancer, Replica, Replica]]:
+    """Two gated replicas of equal fits, each running one request: (balancer, runner, other).
+    On exit every batch is released and both first requests are awaited."""
+    balancer = make_balancer([FakeWorker("a", gated=True), FakeWorker("b", gated=True)],
+                             adaptive_batching=False, max_batch=4)
     seed_fit(balancer, 0, 0.002, 0.0005)
     seed_fit(balancer, 1, 0.002, 0.0005)
     first = balancer.submit("first", 1)
@@ -233,48 +238,38 @@ async def test_idle_replica_steals_queued_work_from_the_busiest(make_balancer) -
     other = next(r for r in balancer.replicas if r is not runner)
     other_first = balancer.submit("other", 1)  # least work: goes to the idle one
     await settle()
-    for i in range(8):  # queue directly on the first replica: a mis-route the balancer must fix
-        runner.queue.push(_job(balancer, i))
-    other.worker.release()  # type: ignore[attr-defined]
-    await settle()
-    assert other.stats.num_stolen_requests == 4
-    assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
-    assert len(runner.queue) == 4
-    await other_first
+    yield balancer, runner, other
     for r in balancer.replicas:
         while r.worker.num_waiting:  # type: ignore[attr-defined]
             r.worker.release()  # type: ignore[attr-defined]
             await settle()
     await first
+    await other_first
+
+
+async def test_idle_replica_steals_queued_work_from_the_busiest(make_balancer) -> None:
+    async with two_busy_replicas(make_balancer) as (balancer, runner, other):
+        for i in range(8):  # queued directly on the runner: a mis-route the balancer must fix
+            runner.queue.push(_job(balancer, i))
+        other.worker.release()  # type: ignore[attr-defined]
+        await settle()
+        assert other.stats.num_stolen_requests == 4
+        assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
+        assert len(runner.queue) == 4
 
 
 async def test_a_batch_starting_with_room_takes_work_queued_on_a_busier_replica(
         make_balancer) -> None:
-    a, b = FakeWorker("a", gated=True), FakeWorker("b", gated=True)
-    balancer = make_balancer([a, b], adaptive_batching=False, max_batch=4)
-    seed_fit(balancer, 0, 0.002, 0.0005)
-    seed_fit(balancer, 1, 0.002, 0.0005)
-    first = balancer.submit("first", 1)
-    await settle()
-    runner = next(r for r in balancer.replicas if r.worker.num_waiting)  # type: ignore[attr-defined]
-    other = next(r for r in balancer.replicas if r is not runner)
-    other_first = balancer.submit("other", 1)  # least work: goes to the idle one
-    await settle()
-    for i in range(6):  # queued on the running replica: bound there when they arrived
-        runner.queue.push(_job(balancer, i))
-    other.queue.push(_job(balancer, "own"))  # the other replica has one of its own queued
-    other.worker.release()  # type: ignore[attr-defined]
-    await settle()
-    # Its next batch starts with room for 3 more: they come from the busier replica's tail.
-    assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
-    assert other.stats.num_stolen_requests == 3
-    assert len(runner.queue) == 3
-    await other_first
-    for r in balancer.replicas:
-        while r.worker.num_waiting:  # type: ignore[attr-defined]
-            r.worker.release()  # type: ignore[attr-defined]
-            await settle()
-    await first
+    async with two_busy_replicas(make_balancer) as (balancer, runner, other):
+        for i in range(6):  # queued on the running replica: bound there when they arrived
+            runner.queue.push(_job(balancer, i))
+        other.queue.push(_job(balancer, "own"))  # the other replica has one of its own queued
+        other.worker.release()  # type: ignore[attr-defined]
+        await settle()
+        # Its next batch starts with room for 3 more: they come from the busier replica's tail.
+        assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
+        assert other.stats.num_stolen_requests == 3
+        assert len(runner.queue) == 3
 
 
 def _job(balancer: ModelBalancer, payload: object):
