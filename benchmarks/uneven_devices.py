@@ -140,6 +140,13 @@ def perf_analyzer_cross_check(args: argparse.Namespace, rate: float) -> dict:
         lw / sq for lw, sq in zip(p99_ms["least-work"], p99_ms["shared-queue"], strict=True)]}
 
 
+def median_and_range(values: list[float]) -> str:
+    """``median M (range LO..HI)``; of an even count, the lower middle value."""
+    ordered = sorted(values)
+    return (f"median {ordered[(len(ordered) - 1) // 2]:.2f} "
+            f"(range {ordered[0]:.2f}..{ordered[-1]:.2f})")
+
+
 def median_point(points: list[dict]) -> dict:
     """The repetition whose p99 is the median (a real run, not a mix of runs)."""
     ordered = sorted(points, key=lambda p: p["summary_ms"].get("p99", float("inf")))
@@ -251,20 +258,16 @@ async def main_async(args: argparse.Namespace) -> None:  # noqa: PLR0915 - a lin
         print(f"{policy:>18} {tput:>7.1f} {tput / capacity:>6.3f} {tput / rr:>6.2f} "
               f"{closed['busy_spread'] * 100:>10.1f}pp {p50:>8.1f} {p99:>8.1f} "
               f"{p99 / sq_p99:>7.2f}")
-    ratios = sorted(p99_ratios)
-    print(f"\np99 at 80 % load, least-work / shared-queue, {len(ratios)} paired runs: median "
-          f"{ratios[(len(ratios) - 1) // 2]:.2f} (range {ratios[0]:.2f}..{ratios[-1]:.2f}); "
-          f"the table shows each policy's median run")
+    print(f"\np99 at 80 % load, least-work / shared-queue, {len(p99_ratios)} paired runs: "
+          f"{median_and_range(p99_ratios)}; the table shows each policy's median run")
     fixed_p99 = results["shared-queue+fixed"]["open"]["summary_ms"].get("p99", float("nan"))
     lw_p99 = results["least-work"]["open"]["summary_ms"].get("p99", float("nan"))
     print(f"least-work p99 / shared-queue+fixed p99 (Triton's fixed batch size): "
           f"{lw_p99 / fixed_p99:.2f}")
     if cross_check:
-        ratios_pa = sorted(cross_check["p99_ratios"])
-        mid = ratios_pa[(len(ratios_pa) - 1) // 2]
+        ratios_pa = cross_check["p99_ratios"]
         print(f"perf_analyzer (C++ client, Poisson at the same rate), {len(ratios_pa)} paired "
-              f"runs: p99 least-work / shared-queue median {mid:.2f} "
-              f"(range {ratios_pa[0]:.2f}..{ratios_pa[-1]:.2f})")
+              f"runs: p99 least-work / shared-queue {median_and_range(ratios_pa)}")
     recovered = slow["recovered_within_s"]
     print(f"\nslow-down: sim0 set to 0.25 at t={slow['slowed_at_s']:.2f} s; new capacity "
           f"{new_capacity:.1f} req/s; last 2 s {slow['throughput_last_2s_per_s']:.1f} req/s "
