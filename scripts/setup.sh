@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs evenflow (editable) with its test and load-test tools.
+# Creates .venv and installs evenflow (a regular install: the tests run what the wheel ships;
+# for an editable install, `.venv/bin/pip install -e .`) with its test and load-test tools.
 #   --perf-analyzer   also installs Triton's perf_analyzer binary into .tools/ (see README)
 # torch goes in first, pinned, so that pip never resolves a multi-GB CUDA build of it.
 set -euo pipefail
@@ -9,7 +10,7 @@ python=${PYTHON:-python3}
 pip() { .venv/bin/python -m pip "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
 pip install -q --upgrade pip
 pip install -q "torch==${EVENFLOW_TORCH_VERSION:-2.13.0}"
-pip install -q -e ".[dev]"
+pip install -q ".[dev]"
 .venv/bin/python -c "import evenflow.server.app, tritonclient.grpc" >/dev/null 2>&1 \
   || .venv/bin/python -c "import evenflow.server.app"  # fail loudly if the install is broken
 
