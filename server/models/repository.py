@@ -1,4 +1,5 @@
-"""Model sources from ``--model``: built-in names, ``package.module:factory``, TorchScript."""
+"""Model sources from ``--model``: built-in names, ``package.module:factory``, TorchScript and
+``torch.export`` programs."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from evenflow.server.models.builtin import (
     build_sim,
     build_sim_layers,
 )
+from evenflow.server.models.exported import EXPORTED_SUFFIX, load_exported
 from evenflow.server.models.spec import ModelDefinition, SimProfile, TensorSpec
 
 BUILTIN_MODELS = ("mlp", "encoder", "sim", "simlayers")
@@ -54,12 +56,15 @@ def load_definition(source: str, options: BuiltinOptions) -> ModelDefinition:
             "simlayers": lambda: build_sim_layers(options.sim_layer_ms),
         }
         return builders[source]()
+    if source.endswith(EXPORTED_SUFFIX):
+        return load_exported(Path(source))
     if source.endswith((".pt", ".pth", ".ts")):
         return load_torchscript(Path(source))
     if ":" in source:
         return _load_factory(source)
     raise ValueError(f"model source {source!r} is neither a built-in {BUILTIN_MODELS}, "
-                     "a package.module:factory nor a TorchScript .pt file")
+                     "a package.module:factory, a TorchScript .pt file nor a torch.export "
+                     ".pt2 program")
 
 
 def _load_factory(source: str) -> ModelDefinition:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -53,3 +54,27 @@ async def test_cuda_pipeline_moves_activations_between_stages() -> None:
     finally:
         await worker.close()
     np.testing.assert_allclose(result.outputs[0][0], expected, rtol=1e-4, atol=1e-4)
+
+
+async def test_exported_program_on_cuda_is_bit_exact(tmp_path: Path) -> None:
+    from evenflow.server.models.exported import load_exported
+    from tests.exported_programs import export_two_heads
+
+    path = tmp_path / "heads.pt2"
+    export_two_heads(path)
+    definition = load_exported(path)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    ids = rng.integers(0, 16, (16, 3)).astype(np.int64)
+    direct = torch.export.load(str(path)).module().to("cuda:0")
+    with torch.inference_mode():
+        want = direct(torch.from_numpy(x).cuda(), torch.from_numpy(ids).cuda())
+    worker = TorchWorker(model_name="heads", definition=definition,
+                         device=parse_devices("cuda:0")[0])
+    job = Job([x, ids], 16, 0.0, math.inf, asyncio.get_running_loop().create_future())
+    try:
+        result = await worker.run([job])
+    finally:
+        await worker.close()
+    for index, name in enumerate(("score", "norm")):
+        np.testing.assert_array_equal(result.outputs[0][index], want[name].cpu().numpy())
