@@ -14,27 +14,22 @@ import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from evenflow.balancer import ModelBalancer, Worker
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.config import ServerConfig
 from evenflow.server.frontend import InferenceServicer
 from evenflow.server.metrics import collect
 from evenflow.server.metrics_http import MetricsEndpoint
-from evenflow.server.models.repository import load_definition
-from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.pipeline.worker import PipelineWorker
+from evenflow.server.model_control import ModelManager
 from evenflow.server.prometheus import CONTENT_TYPE, render
-from evenflow.server.served import ModelTable, ServedModel
+from evenflow.server.served import ModelTable
 from evenflow.server.stats_service import AdminServicer, StatsServicer
 from evenflow.server.telemetry import NvmlSampler
-from evenflow.server.workers.devices import DeviceSpec, default_devices, parse_devices
-from evenflow.server.workers.torch_worker import SimWorker, TorchWorker
+from evenflow.server.workers.devices import default_devices, parse_devices
 
 logger = logging.getLogger(__name__)
 
 _INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _server_version() -> str:
@@ -44,61 +39,29 @@ def _server_version() -> str:
         return "0+unknown"
 
 
-def build_workers(name: str, definition: ModelDefinition, devices: list[DeviceSpec],
-                  dtype: torch.dtype, config: ServerConfig) -> list[Worker]:
-    """One worker per device, or with ``pipeline_stages`` S > 1 one pipeline per S devices."""
-    cpu_threads = config.cpu_threads
-    stages = config.pipeline_stages
-    if stages > 1:
-        if len(devices) % stages:
-            raise ValueError(f"{len(devices)} devices cannot form pipelines of {stages} stages")
-        return [PipelineWorker(model_name=name, definition=definition,
-                               devices=devices[i:i + stages], cpu_threads=cpu_threads,
-                               dtype=dtype if devices[i].kind == "cuda" else torch.float32,
-                               partition=config.pipeline_partition,
-                               repartition=config.repartition)
-                for i in range(0, len(devices), stages)]
-    workers: list[Worker] = []
-    for device in devices:
-        if device.kind == "sim":
-            workers.append(SimWorker(model_name=name, definition=definition, device=device,
-                                     cpu_threads=cpu_threads))
-        else:
-            workers.append(TorchWorker(model_name=name, definition=definition, device=device,
-                                       dtype=dtype if device.kind == "cuda" else torch.float32,
-                                       cpu_threads=cpu_threads))
-    return workers
-
-
 class App:
     """One evenflow server process. ``start`` returns once it serves; ``stop`` drains it."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
         self.port = 0
-        self.models: ModelTable | None = None
+        self.models = ModelTable()
+        self.manager: ModelManager | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._frontend: InferenceServicer | None = None
         self._nvml: NvmlSampler | None = None
         self._metrics: MetricsEndpoint | None = None
         self.metrics_port = 0
-        self._started: list[ServedModel] = []  # so a failed start still closes what it built
 
     async def start(self) -> int:
         config = self.config
         torch.set_num_threads(config.cpu_threads)
         sys.setswitchinterval(config.gil_switch_interval_s)
         devices = parse_devices(config.devices or default_devices())
-        served = self._started
-        for name, source in config.models:
-            definition = await asyncio.to_thread(load_definition, source, config.builtins)
-            workers = build_workers(name, definition, devices, _DTYPES[config.dtype], config)
-            balancer = ModelBalancer(model_name=name, workers=workers, config=config.balancer)
-            balancer.start()
-            served.append(ServedModel(name, definition, balancer))
-            logger.info("model %s on %s", name, ", ".join(d.name for d in devices))
-        self.models = ModelTable(served)
+        # Set before loading, so that a failed start still closes what it built.
+        self.manager = ModelManager(config, self.models, devices)
+        await self.manager.start()
         if any(d.kind == "cuda" for d in devices):
             self._nvml = NvmlSampler.open()
             if self._nvml is not None:
@@ -108,7 +71,8 @@ class App:
                    ("grpc.max_send_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]
         server = grpc.aio.server(options=options)
-        self._frontend = InferenceServicer(models=self.models, server_name="evenflow",
+        self._frontend = InferenceServicer(models=self.models, manager=self.manager,
+                                           server_name="evenflow",
                                            server_version=_server_version())
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._frontend, server)
         nvml = self._nvml
@@ -141,7 +105,7 @@ class App:
 
     def _render_metrics(self) -> str:
         nvml = self._nvml
-        return render(collect(self.models or (), nvml.latest if nvml is not None else ()))
+        return render(collect(self.models, nvml.latest if nvml is not None else ()))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (up to the grace), then close the
@@ -153,17 +117,9 @@ class App:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        if self._started:
-            for model in self._started:
-                try:
-                    await asyncio.wait_for(model.balancer.drain(), timeout=grace_s)
-                except TimeoutError:
-                    logger.warning("model %s did not drain within %.1f s", model.name, grace_s)
-                await model.balancer.close()
-                for replica in model.balancer.replicas:
-                    await replica.worker.close()
-            self._started = []
-            self.models = None
+        if self.manager is not None:
+            await self.manager.close(grace_s)
+            self.manager = None
         if self._nvml is not None:
             await self._nvml.close()
             self._nvml = None

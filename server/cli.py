@@ -1,105 +1,173 @@
-"""``evenflow`` command line: ``serve``, ``demo`` and ``loadtest``."""
+"""``evenflow`` command line: ``serve``, ``demo``, ``check-config`` and ``loadtest``.
+
+Flags and the configuration file (``--config``) set the same keys; a flag overrides the file.
+Flags default to "not given" so that the file and the defaults in ``server.config`` show
+through; the help texts read those defaults rather than restating them.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from evenflow.balancer import BalancerConfig, Policy
-from evenflow.server.config import DTYPES, ServerConfig
-from evenflow.server.models.builtin import DEFAULT_SIM_LAYER_MS, ENCODER_SIZES
-from evenflow.server.models.repository import BuiltinOptions, parse_model_arg
-from evenflow.server.models.spec import SimProfile
-from evenflow.server.workers.devices import parse_devices
+from evenflow.balancer import Policy
+from evenflow.server.config import DTYPES, PARTITIONS, ServerConfig
+from evenflow.server.logs import configure_logging
+from evenflow.server.models.builtin import ENCODER_SIZES
+from evenflow.server.models.repository import parse_model_arg
+from evenflow.server.settings import ConfigError, file_defaults, load
 
 
-def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    net = parser.add_argument_group("network")
-    net.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    net.add_argument("--port", type=int, default=8001,
-                     help="port (default 8001; 0 picks a free one and prints it)")
-    net.add_argument("--max-message-bytes", type=int, default=64 * 1024 * 1024,
-                     help="largest gRPC message in either direction (default 64 MiB)")
-    models = parser.add_argument_group("models and devices")
-    models.add_argument("--model", action="append", default=[], metavar="NAME[=SOURCE]",
-                        help="built-in (mlp, encoder, sim), NAME=package.module:factory or "
-                             "NAME=path/to/file.pt; repeat for several (default: mlp)")
-    models.add_argument("--devices", default=None,
-                        help="comma list of cuda:N, cpu[:N], sim:SPEED (default: every GPU, "
-                             "else cpu)")
-    models.add_argument("--cpu-threads", type=int, default=1, help="torch threads (default 1)")
-    models.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="precision on GPUs (default float32)")
-    models.add_argument("--encoder-size", choices=sorted(ENCODER_SIZES), default="small",
-                        help="built-in encoder size (bert-base: 12 layers, 768 wide, seq 128)")
-    models.add_argument("--sim-base-ms", type=float, default=10.0,
-                        help="sim model: fixed cost per batch at speed 1 (default 10)")
-    models.add_argument("--sim-per-sample-ms", type=float, default=2.0,
-                        help="sim model: cost per sample at speed 1 (default 2)")
-    models.add_argument("--sim-layer-ms", default=",".join(f"{v:g}" for v in DEFAULT_SIM_LAYER_MS),
-                        help="simlayers model: per-layer cost at batch 1, speed 1 (comma list)")
-    pipe = parser.add_argument_group("pipeline parallelism")
-    pipe.add_argument("--pipeline-stages", type=int, default=1,
-                      help="devices per replica: each replica is a pipeline of this many stages")
-    pipe.add_argument("--pipeline-partition", choices=("optimal", "even"), default="optimal",
-                      help="cut layers by the exact partitioner or by equal layer counts")
-    pipe.add_argument("--no-repartition", action="store_true",
-                      help="keep the first plan even when stage times drift apart")
-    sched = parser.add_argument_group("balancing and batching")
-    sched.add_argument("--policy", choices=[p.value for p in Policy], default="least-work")
-    sched.add_argument("--batch-policy", choices=("adaptive", "fixed"), default="adaptive")
-    sched.add_argument("--max-batch", type=int, default=64, help="largest batch (default 64)")
-    sched.add_argument("--max-wait-ms", type=float, default=2.0,
-                       help="longest a request waits for its batch to fill (default 2)")
-    sched.add_argument("--latency-target-ms", type=float, default=50.0,
-                       help="per-request latency the batch sizes aim for (default 50)")
-    sched.add_argument("--max-queued-requests", type=int, default=4096,
-                       help="admission bound per model; beyond it RESOURCE_EXHAUSTED")
-    sched.add_argument("--no-work-stealing", action="store_true",
-                       help="least-work without moving queued work to idle replicas")
-    ops = parser.add_argument_group("operations")
-    ops.add_argument("--admin", action="store_true",
-                     help="serve the admin service (set sim device speeds while serving)")
-    ops.add_argument("--metrics-port", type=int, default=None,
-                     help="serve Prometheus metrics at http://HOST:PORT/metrics (0: any free "
-                          "port); off unless given")
-    ops.add_argument("--shutdown-grace-s", type=float, default=30.0,
-                     help="on SIGTERM, how long in-flight requests get (default 30)")
-    ops.add_argument("--gil-switch-interval-us", type=float, default=200.0,
-                     help="Python GIL switch interval (default 200; Python's own is 5000)")
-    ops.add_argument("--log-level", default="INFO")
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One flag and the file key it sets (``section.key``)."""
+
+    flag: str
+    key: str
+    help: str
+    type: Callable[[str], Any] = str
+    choices: tuple[str, ...] | None = None
+    const: Any = None  # set: a switch that stores this value
+
+    @property
+    def dest(self) -> str:
+        return self.key.replace(".", "__")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of numbers: {text!r}") from None
+
+
+def _names(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",")]
+
+
+FLAGS: dict[str, list[Flag]] = {
+    "network": [
+        Flag("--host", "server.host", "address to bind"),
+        Flag("--port", "server.port", "port (0 picks a free one and prints it)", int),
+        Flag("--max-message-bytes", "server.max_message_bytes",
+             "largest gRPC message in either direction", int),
+    ],
+    "models and devices": [
+        Flag("--devices", "devices.list", "comma list of cuda:N, cpu[:N], sim:SPEED "
+             "(default: every GPU, else cpu)", _names),
+        Flag("--cpu-threads", "devices.cpu_threads", "torch threads", int),
+        Flag("--dtype", "devices.dtype", "precision on GPUs", choices=DTYPES),
+        Flag("--encoder-size", "builtins.encoder_size",
+             "built-in encoder size (bert-base: 12 layers, 768 wide, seq 128)",
+             choices=tuple(sorted(ENCODER_SIZES))),
+        Flag("--sim-base-ms", "builtins.sim_base_ms",
+             "sim model: fixed cost per batch at speed 1", float),
+        Flag("--sim-per-sample-ms", "builtins.sim_per_sample_ms",
+             "sim model: cost per sample at speed 1", float),
+        Flag("--sim-layer-ms", "builtins.sim_layer_ms",
+             "simlayers model: per-layer cost at batch 1, speed 1 (comma list)", _floats),
+    ],
+    "pipeline parallelism": [
+        Flag("--pipeline-stages", "balancing.pipeline_stages",
+             "devices per replica: each replica is a pipeline of this many stages", int),
+        Flag("--pipeline-partition", "balancing.pipeline_partition",
+             "cut layers by the exact partitioner or by equal layer counts", choices=PARTITIONS),
+        Flag("--no-repartition", "balancing.repartition",
+             "keep the first plan even when stage times drift apart", const=False),
+    ],
+    "balancing and batching (every model's default)": [
+        Flag("--policy", "balancing.policy", "how a request picks a replica",
+             choices=tuple(p.value for p in Policy)),
+        Flag("--batch-policy", "balancing.batch_policy", "batch sizes from latency, or always "
+             "--max-batch", choices=("adaptive", "fixed")),
+        Flag("--max-batch", "balancing.max_batch", "largest batch", int),
+        Flag("--max-wait-ms", "balancing.max_wait_ms",
+             "longest a request waits for its batch to fill", float),
+        Flag("--latency-target-ms", "balancing.latency_target_ms",
+             "per-request latency the batch sizes aim for", float),
+        Flag("--max-queued-requests", "balancing.max_queued_requests",
+             "admission bound per model; beyond it RESOURCE_EXHAUSTED", int),
+        Flag("--no-work-stealing", "balancing.work_stealing",
+             "least-work without moving queued work to idle replicas", const=False),
+    ],
+    "operations": [
+        Flag("--admin", "security.admin",
+             "serve the admin service (set sim device speeds while serving)", const=True),
+        Flag("--allow-any-model-source", "security.allow_any_model_source",
+             "model control may load sources the configuration does not name (loading a "
+             "source runs its code)", const=True),
+        Flag("--metrics-port", "server.metrics_port",
+             "serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)", int),
+        Flag("--shutdown-grace-s", "server.shutdown_grace_s",
+             "on SIGTERM, how long in-flight requests get", float),
+        Flag("--gil-switch-interval-us", "server.gil_switch_interval_us",
+             "Python GIL switch interval (Python's own is 5000)", float),
+        Flag("--log-level", "server.log_level", "logging threshold",
+             choices=("DEBUG", "INFO", "WARNING", "ERROR")),
+        Flag("--log-format", "server.log_format",
+             "text, or json: one object a line with the request id where there is one",
+             choices=("text", "json")),
+    ],
+}
+
+
+def _default_text(key: str) -> str:
+    section, name = key.split(".")
+    value = file_defaults()[section][name]
+    if value is None:
+        return "off" if name == "metrics_port" else ""
+    if isinstance(value, list):
+        return ",".join(f"{v:g}" for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser, *, config_flag: bool = True) -> None:
+    if config_flag:
+            parser.add_argument("--config", type=Path, default=None, metavar="FILE",
+                            help="a TOML configuration file (flags override it); see "
+                                 "deploy/evenflow.toml")
+    parser.add_argument("--model", action="append", default=[], metavar="NAME[=SOURCE]",
+                        help="built-in (mlp, encoder, sim, simlayers), NAME=package.module:"
+                             "factory, NAME=file.pt (TorchScript) or NAME=file.pt2 "
+                             "(torch.export); repeat for several (default: mlp)")
+    for title, flags in FLAGS.items():
+        group = parser.add_argument_group(title)
+        for flag in flags:
+            default = _default_text(flag.key)
+            help_text = f"{flag.help} (default {default})" if default and flag.const is None \
+                else flag.help
+            if flag.const is not None:
+                group.add_argument(flag.flag, dest=flag.dest, action="store_const",
+                                   const=flag.const, default=None, help=help_text)
+            else:
+                group.add_argument(flag.flag, dest=flag.dest, type=flag.type,
+                                   choices=flag.choices, default=None, help=help_text,
+                                   metavar=None if flag.choices else flag.key.split(".")[1].upper())
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The keys the command line sets, as nested tables laid over the file."""
+    overrides: dict[str, Any] = {}
+    for flags in FLAGS.values():
+        for flag in flags:
+            value = getattr(args, flag.dest)
+            if value is not None:
+                section, name = flag.key.split(".")
+                overrides.setdefault(section, {})[name] = value
+    for arg in args.model:
+        name, source = parse_model_arg(arg)
+        overrides.setdefault("models", {})[name] = {"source": source}
+    return overrides
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    models = tuple(parse_model_arg(m) for m in args.model) or (("mlp", "mlp"),)
-    names = [name for name, _ in models]
-    if len(set(names)) != len(names):
-        raise ValueError(f"model names must be unique: {names}")
-    if args.devices is not None:
-        devices = parse_devices(args.devices)  # fail here, with usage, not after loading
-        if args.pipeline_stages < 1 or len(devices) % args.pipeline_stages:
-            raise ValueError(f"{len(devices)} devices cannot form pipelines of "
-                             f"{args.pipeline_stages} stages")
-    balancer = BalancerConfig(
-        policy=Policy(args.policy), adaptive_batching=args.batch_policy == "adaptive",
-        max_batch=args.max_batch, max_wait_s=args.max_wait_ms / 1000.0,
-        latency_target_s=args.latency_target_ms / 1000.0,
-        max_queued_requests=args.max_queued_requests, work_stealing=not args.no_work_stealing)
-    return ServerConfig(
-        host=args.host, port=args.port, max_message_bytes=args.max_message_bytes, models=models,
-        devices=args.devices, cpu_threads=args.cpu_threads, dtype=args.dtype, balancer=balancer,
-        builtins=BuiltinOptions(encoder_size=args.encoder_size,
-                                sim_profile=SimProfile(args.sim_base_ms, args.sim_per_sample_ms),
-                                sim_layer_ms=tuple(float(v) for v in args.sim_layer_ms.split(","))),
-        pipeline_stages=args.pipeline_stages, pipeline_partition=args.pipeline_partition,
-        repartition=not args.no_repartition,
-        admin=args.admin, metrics_port=args.metrics_port,
-        shutdown_grace_s=args.shutdown_grace_s,
-        gil_switch_interval_s=args.gil_switch_interval_us / 1e6)
+    """The configuration file (if any) with the flags over it; raises ConfigError."""
+    return load(args.config, overrides_from_args(args))
 
 
 def _run(coroutine: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -108,6 +176,18 @@ def _run(coroutine: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
         return asyncio.run(coroutine())
     return uvloop.run(coroutine())
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    try:
+        config = load(args.file, overrides_from_args(args))
+    except (ConfigError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    models = ", ".join(f"{m.name}={m.source}{'' if m.load_at_start else ' (not loaded)'}"
+                       for m in config.model_configs())
+    print(f"{args.file}: ok; models: {models}; devices: {config.devices or 'default'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_arguments(demo_parser)
     demo_parser.add_argument("--requests", type=int, default=200,
                              help="requests sent after the correctness check (default 200)")
+    check_parser = commands.add_parser(
+        "check-config", help="validate a configuration file (and flags) without serving")
+    check_parser.add_argument("file", type=Path, help="the TOML file")
+    add_serve_arguments(check_parser, config_flag=False)
     commands.add_parser("loadtest", help="measure a KServe v2 server (see evenflow loadtest -h)",
                         add_help=False)
     argv = sys.argv[1:] if argv is None else argv
@@ -128,12 +212,16 @@ def main(argv: list[str] | None = None) -> int:
 
         return loadtest_main(argv[1:])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command == "check-config":
+        return _check_config(args)
     try:
         config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"evenflow {args.command}: {exc}", file=sys.stderr)
+        return 2
     except ValueError as exc:
         parser.error(str(exc))
+    configure_logging(config.log_level, config.log_format)
     if args.command == "demo":
         from evenflow.server.demo import run_demo
 

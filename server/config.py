@@ -1,13 +1,56 @@
-"""The server's configuration: one frozen value built once from the command line."""
+"""The server's configuration: frozen values built once, from the command line and/or a
+configuration file (``server.settings``). The defaults stated here are the only ones: the CLI's
+help, the file's schema and the docs read them from these classes."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from evenflow.balancer import BalancerConfig
 from evenflow.server.models.repository import BuiltinOptions
+from evenflow.server.models.spec import TensorSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
+PARTITIONS = ("optimal", "even")
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """Attributes:
+    stages: devices per replica; each replica is a pipeline of that many stages.
+    partition: "optimal" (exact partitioner) or "even" (same layer count per stage).
+    repartition: re-partition a pipeline when its stage times drift apart.
+    """
+
+    stages: int = 1
+    partition: str = "optimal"
+    repartition: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """One model the server knows.
+
+    Attributes:
+        name: the name clients call it by.
+        source: a built-in name, package.module:factory, a TorchScript .pt or an exported .pt2.
+        balancer: admission, routing and batching; None uses the server's.
+        pipeline: how replicas are split over devices; None uses the server's.
+        inputs, outputs: the tensor spec, overriding the source's own (e.g. TorchScript's
+            ``.json`` beside the file); None keeps the source's.
+        load_at_start: load when the server starts; else it waits for a model-control load.
+    """
+
+    name: str
+    source: str
+    balancer: BalancerConfig | None = None
+    pipeline: PipelineConfig | None = None
+    inputs: tuple[TensorSpec, ...] | None = None
+    outputs: tuple[TensorSpec, ...] | None = None
+    load_at_start: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,37 +58,66 @@ class ServerConfig:
     """Attributes:
     host, port: where to listen (port 0 picks a free port; the bound one is printed).
     max_message_bytes: largest gRPC message received or sent.
-    models: (name, source) pairs; source is a built-in name, package.module:factory or a .pt file.
+    models: the models the server knows (``(name, source)`` pairs are accepted and become
+        ModelConfig with the server's balancer and pipeline settings).
     devices: comma list (cuda:N, cpu[:N], sim:SPEED); None = every GPU, else cpu.
     cpu_threads: torch intra-op threads (shared by the process's CPU workers).
     dtype: precision the model runs in on GPUs.
-    balancer: admission, routing and batching settings, the same for every model.
+    balancer: admission, routing and batching settings of models that set none of their own.
+    pipeline: pipeline settings of models that set none of their own.
     builtins: sizes of the built-in models.
     admin: serve the admin service (changes simulated devices).
+    allow_any_model_source: model control may load sources the configuration does not name
+        (they run arbitrary code: off unless asked for).
     metrics_port: serve Prometheus metrics at http://host:PORT/metrics (0 picks a free port);
         None serves none.
     shutdown_grace_s: on SIGTERM, how long in-flight requests get to finish.
-    pipeline_stages: devices per replica; each replica is a pipeline of that many stages.
-    pipeline_partition: "optimal" (exact partitioner) or "even" (same layer count per stage).
-    repartition: re-partition a pipeline when its stage times drift apart.
     gil_switch_interval_s: Python's GIL switch interval. The default 5 ms lets the busy event
         loop hold the GIL for 5 ms while a worker thread waits to resume after each kernel; a
         short interval hands it over sooner.
+    log_level, log_format: logging threshold and line format ("text" or "json").
     """
 
     host: str = "127.0.0.1"
     port: int = 8001
     max_message_bytes: int = 64 * 1024 * 1024
-    models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),)
+    models: Sequence[ModelConfig | tuple[str, str]] = (ModelConfig("mlp", "mlp"),)
     devices: str | None = None
     cpu_threads: int = 1
     dtype: str = "float32"
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     builtins: BuiltinOptions = field(default_factory=BuiltinOptions)
     admin: bool = False
+    allow_any_model_source: bool = False
     metrics_port: int | None = None
     shutdown_grace_s: float = 30.0
     gil_switch_interval_s: float = 0.0002
-    pipeline_stages: int = 1
-    pipeline_partition: str = "optimal"
-    repartition: bool = True
+    log_level: str = "INFO"
+    log_format: str = "text"
+
+    def __post_init__(self) -> None:
+        models = tuple(m if isinstance(m, ModelConfig) else ModelConfig(*m) for m in self.models)
+        names = [m.name for m in models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique: {names}")
+        object.__setattr__(self, "models", models)
+
+    def model_configs(self) -> tuple[ModelConfig, ...]:
+        """Every model, its balancer and pipeline resolved to the server's where unset."""
+        return tuple(self.resolve(m) for m in self.models if isinstance(m, ModelConfig))
+
+    def resolve(self, model: ModelConfig) -> ModelConfig:
+        return dataclasses.replace(model, balancer=model.balancer or self.balancer,
+                                   pipeline=model.pipeline or self.pipeline)
+
+
+def default_of(cls: type, name: str) -> Any:
+    """The default of dataclass ``cls``'s field ``name`` (for help texts and the file schema)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+    raise KeyError(f"{cls.__name__} has no default for {name!r}")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
@@ -16,6 +17,7 @@ from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
+from evenflow.server.model_control import ModelControlError, ModelManager
 from evenflow.server.served import MODEL_VERSION, ModelTable, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -30,13 +32,15 @@ STATUS_OF: dict[ErrorCode, grpc.StatusCode] = {
 }
 
 # Only what is implemented: statistics makes perf_analyzer read the server-side breakdown.
-EXTENSIONS = ("model_configuration", "statistics", "binary_tensor_data")
+EXTENSIONS = ("model_configuration", "model_repository", "statistics", "binary_tensor_data")
 _MAX_STREAM_IN_FLIGHT = 1024
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, *, models: ModelTable, server_name: str, server_version: str) -> None:
+    def __init__(self, *, models: ModelTable, manager: ModelManager, server_name: str,
+                 server_version: str) -> None:
         self._models = models
+        self._manager = manager
         self._metadata = pb.ServerMetadataResponse(name=server_name, version=server_version,
                                                    extensions=EXTENSIONS)
         self.ready = False
@@ -144,10 +148,38 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
-        entry = pb.RepositoryIndexResponse.ModelIndex
-        state = "READY" if self.ready else "LOADING"
+        """Every model the configuration names (and any loaded since), with its state;
+        ``ready`` lists only those that serve."""
+        index = pb.RepositoryIndexResponse.ModelIndex
         return pb.RepositoryIndexResponse(models=[
-            entry(name=m.name, version=MODEL_VERSION, state=state) for m in self._models])
+            index(name=name, version=MODEL_VERSION, state=entry.state.value, reason=entry.reason)
+            for name, entry in self._manager.index()
+            if not request.ready or entry.state.value == "READY"])
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: grpc.aio.ServicerContext
+                                  ) -> pb.RepositoryModelLoadResponse:
+        """Load (or reload) a configured model. The ``config`` parameter, a JSON object, may
+        name another ``source`` where the server allows any source."""
+        try:
+            source = _source_from_parameters(request.parameters)
+            await self._manager.load(request.model_name, source)
+        except EvenflowError as exc:
+            await context.abort(STATUS_OF[exc.code], str(exc))
+        except (ValueError, TypeError, OSError, ImportError) as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"loading model {request.model_name!r} failed: {exc}")
+        return pb.RepositoryModelLoadResponse()
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: grpc.aio.ServicerContext
+                                    ) -> pb.RepositoryModelUnloadResponse:
+        """Stop routing to the model, let its admitted requests finish, then close it."""
+        try:
+            await self._manager.unload(request.model_name)
+        except EvenflowError as exc:
+            await context.abort(STATUS_OF[exc.code], str(exc))
+        return pb.RepositoryModelUnloadResponse()
 
     async def _lookup(self, name: str, version: str,
                       context: grpc.aio.ServicerContext) -> ServedModel:
@@ -156,6 +188,26 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except EvenflowError as exc:
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise
+
+
+def _source_from_parameters(parameters: Mapping[str, pb.ModelRepositoryParameter]) -> str | None:
+    unknown = sorted(set(parameters) - {"config"})
+    if unknown:
+        raise ModelControlError(f"unsupported load parameters {unknown}: evenflow loads model "
+                                "sources by name or path, not uploaded files",
+                                ErrorCode.INVALID_ARGUMENT)
+    if "config" not in parameters:
+        return None
+    try:
+        config = json.loads(parameters["config"].string_param)
+    except json.JSONDecodeError as exc:
+        raise ModelControlError(f"load parameter 'config' is not JSON: {exc}",
+                                ErrorCode.INVALID_ARGUMENT) from exc
+    if not isinstance(config, dict) or set(config) - {"source"} or \
+            not isinstance(config.get("source", ""), str):
+        raise ModelControlError("load parameter 'config' must be a JSON object with at most a "
+                                "string 'source'", ErrorCode.INVALID_ARGUMENT)
+    return config.get("source")
 
 
 def _deadline_s(context: grpc.aio.ServicerContext) -> float:

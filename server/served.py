@@ -19,13 +19,17 @@ class ServedModel:
 
 
 class ModelTable:
-    """Name -> served model, looked up once per request."""
+    """Name -> served model, looked up once per request. Models come and go with model
+    control; a request holds the ServedModel it looked up, so a swap never strands it."""
 
-    def __init__(self, models: list[ServedModel]) -> None:
-        self._models = {m.name: m for m in models}
+    def __init__(self, models: list[ServedModel] | None = None) -> None:
+        self._models = {m.name: m for m in models or ()}
 
     def __iter__(self) -> Iterator[ServedModel]:
-        return iter(self._models.values())
+        return iter(list(self._models.values()))
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._models
 
     def get(self, name: str, version: str = "") -> ServedModel:
         model = self._models.get(name)
@@ -35,3 +39,12 @@ class ModelTable:
             raise ModelNotFound(f"model {name!r} has no version {version!r}; "
                                 f"versions: [{MODEL_VERSION!r}]")
         return model
+
+    def put(self, model: ServedModel) -> ServedModel | None:
+        """Serve ``model``; returns the one it replaces, if any."""
+        previous = self._models.get(model.name)
+        self._models[model.name] = model
+        return previous
+
+    def pop(self, name: str) -> ServedModel | None:
+        return self._models.pop(name, None)

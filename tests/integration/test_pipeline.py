@@ -14,7 +14,7 @@ from evenflow.balancer import BalancerConfig, Job
 from evenflow.client import AsyncClient, ServerInternalError
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 from evenflow.server.app import App
-from evenflow.server.config import ServerConfig
+from evenflow.server.config import PipelineConfig, ServerConfig
 from evenflow.server.models.builtin import build_encoder, build_mlp, build_sim_layers
 from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.workers.devices import parse_devices
@@ -23,7 +23,8 @@ pytestmark = pytest.mark.timeout(90)
 
 
 async def pipelined_app(models: tuple[tuple[str, str], ...]) -> App:
-    app = App(ServerConfig(port=0, models=models, devices="cpu:0,cpu:1", pipeline_stages=2,
+    app = App(ServerConfig(port=0, models=models, devices="cpu:0,cpu:1",
+                           pipeline=PipelineConfig(stages=2),
                            balancer=BalancerConfig(max_wait_s=0.0)))
     await app.start()
     return app

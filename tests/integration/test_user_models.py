@@ -72,7 +72,7 @@ async def test_a_failed_start_closes_what_it_built() -> None:
                                                           ("bad", "tests.fixture_models:nope"))))
     with pytest.raises(ValueError, match="no callable"):
         await app.start()
-    (built,) = app._started
+    (built,) = app.models
     worker = built.balancer.replicas[0].worker
     await app.stop(grace_s=1)
     assert worker._closed and not worker._thread.is_alive()  # type: ignore[attr-defined]

@@ -1,0 +1,186 @@
+"""Model lifecycle: build a model's workers and balancer, serve it, drain and close it.
+
+The server starts with the models its configuration loads at start; Triton's model-control RPCs
+(``RepositoryModelLoad`` / ``Unload``) load and unload the others while it serves. Only models
+named in the configuration may be loaded, unless the server was started with
+``allow_any_model_source`` (loading a source runs its code). One load or unload at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from evenflow.balancer import ModelBalancer, Worker
+from evenflow.balancer.errors import ErrorCode, EvenflowError
+from evenflow.server.config import ModelConfig, PipelineConfig, ServerConfig
+from evenflow.server.models.repository import load_definition
+from evenflow.server.models.spec import ModelDefinition
+from evenflow.server.pipeline.worker import PipelineWorker
+from evenflow.server.served import ModelTable, ServedModel
+from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.torch_worker import SimWorker, TorchWorker
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelState(enum.Enum):
+    """Triton's RepositoryIndex states."""
+
+    UNAVAILABLE = "UNAVAILABLE"
+    LOADING = "LOADING"
+    READY = "READY"
+    UNLOADING = "UNLOADING"
+
+
+@dataclass(slots=True)
+class ModelEntry:
+    config: ModelConfig
+    state: ModelState = ModelState.UNAVAILABLE
+    reason: str = ""
+
+
+class ModelControlError(EvenflowError):
+    """A load or unload that cannot be done; ``code`` says which gRPC status fits."""
+
+    def __init__(self, message: str, code: ErrorCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def build_workers(name: str, definition: ModelDefinition, devices: list[DeviceSpec],
+                  dtype: torch.dtype, pipeline: PipelineConfig,
+                  cpu_threads: int) -> list[Worker]:
+    """One worker per device, or with ``pipeline.stages`` S > 1 one pipeline per S devices."""
+    stages = pipeline.stages
+    if stages > 1:
+        if len(devices) % stages:
+            raise ValueError(f"{len(devices)} devices cannot form pipelines of {stages} stages")
+        return [PipelineWorker(model_name=name, definition=definition,
+                               devices=devices[i:i + stages], cpu_threads=cpu_threads,
+                               dtype=dtype if devices[i].kind == "cuda" else torch.float32,
+                               partition=pipeline.partition,
+                               repartition=pipeline.repartition)
+                for i in range(0, len(devices), stages)]
+    workers: list[Worker] = []
+    for device in devices:
+        if device.kind == "sim":
+            workers.append(SimWorker(model_name=name, definition=definition, device=device,
+                                     cpu_threads=cpu_threads))
+        else:
+            workers.append(TorchWorker(model_name=name, definition=definition, device=device,
+                                       dtype=dtype if device.kind == "cuda" else torch.float32,
+                                       cpu_threads=cpu_threads))
+    return workers
+
+
+async def close_model(model: ServedModel, grace_s: float) -> None:
+    """Let the model's admitted requests finish (up to ``grace_s``), then stop its replicas and
+    workers; whatever is still queued then fails with UNAVAILABLE."""
+    try:
+        await asyncio.wait_for(model.balancer.drain(), timeout=grace_s)
+    except TimeoutError:
+        logger.warning("model %s did not drain within %.1f s", model.name, grace_s)
+    await model.balancer.close()
+    for replica in model.balancer.replicas:
+        await replica.worker.close()
+
+
+class ModelManager:
+    """Owns every served model: loads them into ``table`` and closes them."""
+
+    def __init__(self, config: ServerConfig, table: ModelTable,
+                 devices: list[DeviceSpec]) -> None:
+        self._config = config
+        self._table = table
+        self._devices = devices
+        self._entries = {m.name: ModelEntry(m) for m in config.model_configs()}
+        self._lock = asyncio.Lock()
+
+    def index(self) -> list[tuple[str, ModelEntry]]:
+        return sorted(self._entries.items())
+
+    async def start(self) -> None:
+        for name, entry in list(self._entries.items()):
+            if entry.config.load_at_start:
+                await self.load(name)
+
+    async def load(self, name: str, source: str | None = None) -> None:
+        """Load ``name`` (again, if it serves: the new one takes over, then the old drains).
+        ``source`` replaces the configured one only where any source is allowed."""
+        async with self._lock:
+            entry = self._entry_for_load(name, source)
+            config = entry.config if source is None else dataclasses.replace(entry.config,
+                                                                             source=source)
+            entry.state, entry.reason = ModelState.LOADING, ""
+            try:
+                model = await self._build(config)
+            except Exception as exc:
+                entry.state, entry.reason = ModelState.UNAVAILABLE, f"load failed: {exc}"
+                raise
+            entry.config = config
+            entry.state = ModelState.READY
+            previous = self._table.put(model)
+            logger.info("model %s loaded from %s on %s", name, config.source,
+                        ", ".join(d.name for d in self._devices))
+        if previous is not None:
+            await close_model(previous, self._config.shutdown_grace_s)
+
+    async def unload(self, name: str) -> None:
+        """Stop routing to ``name``, let its admitted requests finish, then close it."""
+        async with self._lock:
+            entry = self._entries.get(name)
+            model = self._table.pop(name) if entry is not None else None
+            if entry is None or model is None:
+                raise ModelControlError(f"model {name!r} is not loaded",
+                                        ErrorCode.INVALID_ARGUMENT)
+            entry.state, entry.reason = ModelState.UNLOADING, ""
+            await close_model(model, self._config.shutdown_grace_s)
+            entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
+            logger.info("model %s unloaded", name)
+
+    async def close(self, grace_s: float) -> None:
+        """Drain and close every model (server shutdown)."""
+        models = [m for m in (self._table.pop(m.name) for m in self._table) if m is not None]
+        await asyncio.gather(*(close_model(m, grace_s) for m in models))
+
+    def _entry_for_load(self, name: str, source: str | None) -> ModelEntry:
+        entry = self._entries.get(name)
+        allowed = self._config.allow_any_model_source
+        if entry is None:
+            if source is None or not allowed:
+                raise ModelControlError(
+                    f"model {name!r} is not in the configuration"
+                    + ("; give its source in the load request's config"
+                       if allowed else "; the server loads only configured models"),
+                    ErrorCode.NOT_FOUND if not allowed else ErrorCode.INVALID_ARGUMENT)
+            entry = self._entries[name] = ModelEntry(
+                self._config.resolve(ModelConfig(name, source)))
+        elif source is not None and source != entry.config.source and not allowed:
+            raise ModelControlError(
+                f"model {name!r}: loading source {source!r} instead of the configured "
+                f"{entry.config.source!r} needs a server started with "
+                "--allow-any-model-source", ErrorCode.INVALID_ARGUMENT)
+        return entry
+
+    async def _build(self, model: ModelConfig) -> ServedModel:
+        config = self._config
+        definition = await asyncio.to_thread(load_definition, model.source, config.builtins)
+        if model.inputs is not None or model.outputs is not None:
+            definition = dataclasses.replace(definition,
+                                             inputs=model.inputs or definition.inputs,
+                                             outputs=model.outputs or definition.outputs)
+        assert model.pipeline is not None and model.balancer is not None  # resolved
+        workers = await asyncio.to_thread(
+            build_workers, model.name, definition, self._devices, DTYPES[config.dtype],
+            model.pipeline, config.cpu_threads)
+        balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer)
+        balancer.start()
+        return ServedModel(model.name, definition, balancer)

@@ -1,0 +1,364 @@
+"""The deployment file (``evenflow serve --config evenflow.toml``): its schema, the merge with
+command-line flags, and the checks that run before anything is loaded.
+
+Every key is optional: a key left out takes the default stated once in ``server.config`` (and
+``balancer.BalancerConfig``); the schema only says what each key may hold. Invalid files fail
+with the key, the value and the reason, all problems at once (``ConfigError``).
+
+    [server]     host, port, max_message_bytes, shutdown_grace_s, gil_switch_interval_us,
+                 metrics_port, log_level, log_format, frontends, workers
+    [devices]    list, cpu_threads, dtype
+    [security]   admin, allow_any_model_source
+    [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
+    [balancing]  the defaults of every model: policy, batch_policy, max_batch, max_wait_ms,
+                 latency_target_ms, max_queued_requests, work_stealing, pipeline_stages,
+                 pipeline_partition, repartition
+    [models.NAME] source (required), load, inputs, outputs, and any [balancing] key
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from evenflow.balancer import BalancerConfig, Policy
+from evenflow.server.config import DTYPES, PARTITIONS, ModelConfig, PipelineConfig, ServerConfig
+from evenflow.server.datatypes import WIRE_TYPES
+from evenflow.server.models.builtin import ENCODER_SIZES
+from evenflow.server.models.exported import EXPORTED_SUFFIX
+from evenflow.server.models.repository import BUILTIN_MODELS
+from evenflow.server.models.spec import TensorSpec
+from evenflow.server.workers.devices import parse_devices
+
+Port = Annotated[int, Field(ge=0, le=65535)]
+Positive = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+NonNegativeFloat = Annotated[float, Field(ge=0)]
+TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ServerSection(_Section):
+    host: str | None = None
+    port: Port | None = None
+    max_message_bytes: Annotated[int, Field(ge=1024)] | None = None
+    shutdown_grace_s: NonNegativeFloat | None = None
+    gil_switch_interval_us: PositiveFloat | None = None
+    metrics_port: Port | None = None
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
+    log_format: Literal["text", "json"] | None = None
+    frontends: Positive | None = None
+    workers: Literal["thread"] | None = None
+
+    @field_validator("frontends")
+    @classmethod
+    def _one_frontend(cls, value: int | None) -> int | None:
+        if value is not None and value != 1:
+            raise ValueError("only 1: front-end processes are not built yet (the process-model "
+                             "issue); the single process serves the front-end itself")
+        return value
+
+
+class DevicesSection(_Section):
+    model_config = ConfigDict(populate_by_name=True)
+    names: Annotated[list[str], Field(min_length=1)] | None = Field(None, alias="list")
+    cpu_threads: Positive | None = None
+    dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
+
+    @field_validator("names")
+    @classmethod
+    def _known_devices(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            parse_devices(",".join(value))
+        return value
+
+
+class SecuritySection(_Section):
+    admin: bool | None = None
+    allow_any_model_source: bool | None = None
+
+
+class BuiltinsSection(_Section):
+    encoder_size: Literal[tuple(ENCODER_SIZES)] | None = None  # type: ignore[valid-type]
+    sim_base_ms: NonNegativeFloat | None = None
+    sim_per_sample_ms: NonNegativeFloat | None = None
+    sim_layer_ms: Annotated[list[PositiveFloat], Field(min_length=1)] | None = None
+
+
+class BalancingSection(_Section):
+    policy: Literal[tuple(p.value for p in Policy)] | None = None  # type: ignore[valid-type]
+    batch_policy: Literal["adaptive", "fixed"] | None = None
+    max_batch: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    max_wait_ms: NonNegativeFloat | None = None
+    latency_target_ms: PositiveFloat | None = None
+    max_queued_requests: Positive | None = None
+    work_stealing: bool | None = None
+    pipeline_stages: Positive | None = None
+    pipeline_partition: Literal[PARTITIONS] | None = None  # type: ignore[valid-type]
+    repartition: bool | None = None
+
+
+class TensorSection(_Section):
+    name: Annotated[str, Field(min_length=1)]
+    datatype: Literal[tuple(WIRE_TYPES)]  # type: ignore[valid-type]
+    shape: Annotated[list[int], Field(min_length=1)]
+
+    @field_validator("shape")
+    @classmethod
+    def _batch_first(cls, value: list[int]) -> list[int]:
+        if value[0] != -1:
+            raise ValueError("must start with the batch dimension, -1")
+        if any(d < 1 and d != -1 for d in value[1:]):
+            raise ValueError("dimensions are positive or -1 (variable)")
+        return value
+
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.name, self.datatype, tuple(self.shape))
+
+
+class ModelSection(BalancingSection):
+    source: Annotated[str, Field(min_length=1)]
+    load: bool | None = None
+    inputs: list[TensorSection] | None = None
+    outputs: list[TensorSection] | None = None
+
+
+class Settings(_Section):
+    server: ServerSection = ServerSection()
+    devices: DevicesSection = Field(default_factory=DevicesSection)
+    security: SecuritySection = SecuritySection()
+    builtins: BuiltinsSection = BuiltinsSection()
+    balancing: BalancingSection = BalancingSection()
+    models: dict[str, ModelSection] = {}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Problem:
+    key: str
+    value: Any
+    reason: str
+
+    def __str__(self) -> str:
+        value = "" if self.value is _MISSING else f" = {self.value!r}"
+        return f"{self.key}{value}: {self.reason}"
+
+
+_MISSING = object()
+
+
+class ConfigError(ValueError):
+    """Every problem of one configuration, each naming its key, value and reason."""
+
+    def __init__(self, origin: str, problems: list[Problem]) -> None:
+        self.origin = origin
+        self.problems = problems
+        lines = "\n".join(f"  {p}" for p in problems)
+        super().__init__(f"invalid configuration ({origin}):\n{lines}")
+
+
+def read_file(path: Path) -> dict[str, Any]:
+    """The file as a TOML table; a syntax error becomes a ConfigError with its position."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(str(path), [Problem("--config", str(path), "no such file")]) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), [Problem("(file)", _MISSING, f"not TOML: {exc}")]) from None
+
+
+def merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``overrides`` (nested tables) laid over ``base``; a key set in both takes the override."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def validate(table: Mapping[str, Any], origin: str) -> Settings:
+    """Check the types and ranges of every key, then what depends on several keys and on the
+    machine (devices, pipelines, batch bounds, model sources)."""
+    try:
+        settings = Settings.model_validate(table)
+    except ValidationError as exc:
+        raise ConfigError(origin, [_problem(error) for error in exc.errors()]) from None
+    problems = list(_cross_checks(settings))
+    if problems:
+        raise ConfigError(origin, problems)
+    return settings
+
+
+def _problem(error: Mapping[str, Any]) -> Problem:
+    key = ".".join(str(part) for part in error["loc"])
+    reason = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return Problem(key, _MISSING, "unknown key")
+    if error["type"] == "missing":
+        return Problem(key, _MISSING, "required")
+    return Problem(key, error.get("input", _MISSING), reason)
+
+
+def _cross_checks(settings: Settings) -> list[Problem]:
+    """Checks over several keys. Each problem is reported once, at the key that set the value
+    (a model's own, else ``balancing``'s)."""
+    problems: dict[str, Problem] = {}
+    devices = settings.devices.names
+    defaults = settings.balancing
+    for name, model in [("balancing", defaults),
+                        *((f"models.{n}", m) for n, m in settings.models.items())]:
+        def pick(key: str, model: BalancingSection = model, name: str = name) -> tuple[Any, str]:
+            if getattr(model, key) is not None:
+                return getattr(model, key), f"{name}.{key}"
+            if getattr(defaults, key) is not None:
+                return getattr(defaults, key), f"balancing.{key}"
+            return file_defaults()["balancing"][key], f"balancing.{key}"
+
+        def report(key: str, value: Any, reason: str) -> None:
+            problems.setdefault(key, Problem(key, value, reason))
+
+        (stages, stages_key) = pick("pipeline_stages")
+        if devices is not None and len(devices) % stages:
+            report(stages_key, stages,
+                   f"{len(devices)} devices cannot form pipelines of {stages} stages")
+        (max_batch, batch_key), (queued, _) = pick("max_batch"), pick("max_queued_requests")
+        if max_batch > queued:
+            report(batch_key, max_batch, "a full batch cannot fit in the admission bound "
+                                         f"(max_queued_requests = {queued})")
+        (wait_ms, wait_key), (target_ms, _) = pick("max_wait_ms"), pick("latency_target_ms")
+        if wait_ms >= target_ms:
+            report(wait_key, wait_ms, f"must be below latency_target_ms ({target_ms}): no "
+                                      "batch could meet the target")
+        if isinstance(model, ModelSection):
+            reason = source_problem(model.source)
+            if reason:
+                report(f"{name}.source", model.source, reason)
+    return list(problems.values())
+
+
+def file_defaults() -> dict[str, dict[str, Any]]:
+    """Every key's default in the file's units, read from the configuration classes (where the
+    defaults are stated); None where a key is off or chosen at start (``devices.list``)."""
+    config = ServerConfig()
+    balancer, pipeline, builtins = config.balancer, config.pipeline, config.builtins
+    return {
+        "server": {"host": config.host, "port": config.port,
+                   "max_message_bytes": config.max_message_bytes,
+                   "shutdown_grace_s": config.shutdown_grace_s,
+                   "gil_switch_interval_us": round(config.gil_switch_interval_s * 1e6, 3),
+                   "metrics_port": config.metrics_port, "log_level": config.log_level,
+                   "log_format": config.log_format, "frontends": 1, "workers": "thread"},
+        "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype},
+        "security": {"admin": config.admin,
+                     "allow_any_model_source": config.allow_any_model_source},
+        "builtins": {"encoder_size": builtins.encoder_size,
+                     "sim_base_ms": builtins.sim_profile.base_ms,
+                     "sim_per_sample_ms": builtins.sim_profile.per_sample_ms,
+                     "sim_layer_ms": list(builtins.sim_layer_ms)},
+        "balancing": {"policy": balancer.policy.value,
+                      "batch_policy": "adaptive" if balancer.adaptive_batching else "fixed",
+                      "max_batch": balancer.max_batch,
+                      "max_wait_ms": round(balancer.max_wait_s * 1000.0, 6),
+                      "latency_target_ms": round(balancer.latency_target_s * 1000.0, 6),
+                      "max_queued_requests": balancer.max_queued_requests,
+                      "work_stealing": balancer.work_stealing,
+                      "pipeline_stages": pipeline.stages,
+                      "pipeline_partition": pipeline.partition,
+                      "repartition": pipeline.repartition},
+    }
+
+
+def source_problem(source: str) -> str | None:
+    """Why ``source`` cannot be a model, checked without loading it; None when it may be."""
+    if source in BUILTIN_MODELS:
+        return None
+    if source.endswith((EXPORTED_SUFFIX, *TORCHSCRIPT_SUFFIXES)):
+        return None if Path(source).is_file() else "no such file"
+    module, sep, attr = source.partition(":")
+    if not sep:
+        return (f"neither a built-in {list(BUILTIN_MODELS)}, a package.module:factory, a "
+                f"TorchScript file ({', '.join(TORCHSCRIPT_SUFFIXES)}) nor an exported program "
+                f"({EXPORTED_SUFFIX})")
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found or not attr.isidentifier():
+        return f"no module {module!r} to import" if not found else f"bad factory name {attr!r}"
+    return None
+
+
+def to_server_config(settings: Settings) -> ServerConfig:
+    """The validated settings as the server's frozen configuration; unset keys keep the
+    defaults of ``ServerConfig``, ``BalancerConfig`` and friends."""
+    server, devices, security, builtins = (settings.server, settings.devices,
+                                           settings.security, settings.builtins)
+    balancer = _balancer(settings.balancing, BalancerConfig())
+    pipeline = _pipeline(settings.balancing, PipelineConfig())
+    models = tuple(
+        ModelConfig(name=name, source=model.source, balancer=_balancer(model, balancer),
+                    pipeline=_pipeline(model, pipeline),
+                    inputs=tuple(t.spec() for t in model.inputs) if model.inputs else None,
+                    outputs=tuple(t.spec() for t in model.outputs) if model.outputs else None,
+                    **_set(load_at_start=model.load))
+        for name, model in settings.models.items())
+    defaults = ServerConfig()
+    sim_profile = dataclasses.replace(
+        defaults.builtins.sim_profile,
+        **_set(base_ms=builtins.sim_base_ms, per_sample_ms=builtins.sim_per_sample_ms))
+    return dataclasses.replace(
+        defaults, balancer=balancer, pipeline=pipeline,
+        builtins=dataclasses.replace(
+            defaults.builtins, sim_profile=sim_profile,
+            **_set(encoder_size=builtins.encoder_size,
+                   sim_layer_ms=tuple(builtins.sim_layer_ms) if builtins.sim_layer_ms else None)),
+        **_set(host=server.host, port=server.port, max_message_bytes=server.max_message_bytes,
+               shutdown_grace_s=server.shutdown_grace_s, metrics_port=server.metrics_port,
+               log_level=server.log_level, log_format=server.log_format,
+               gil_switch_interval_s=server.gil_switch_interval_us / 1e6
+               if server.gil_switch_interval_us is not None else None,
+               cpu_threads=devices.cpu_threads, dtype=devices.dtype,
+               devices=",".join(devices.names) if devices.names else None,
+               admin=security.admin, allow_any_model_source=security.allow_any_model_source,
+               models=models or None))
+
+
+def _set(**values: Any) -> dict[str, Any]:
+    """Only the keys that were given (None means "not set": keep the dataclass default)."""
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _balancer(section: BalancingSection, base: BalancerConfig) -> BalancerConfig:
+    return dataclasses.replace(base, **_set(
+        policy=Policy(section.policy) if section.policy else None,
+        adaptive_batching=(section.batch_policy == "adaptive") if section.batch_policy
+        else None,
+        max_batch=section.max_batch,
+        max_wait_s=section.max_wait_ms / 1000.0 if section.max_wait_ms is not None else None,
+        latency_target_s=section.latency_target_ms / 1000.0
+        if section.latency_target_ms is not None else None,
+        max_queued_requests=section.max_queued_requests,
+        work_stealing=section.work_stealing))
+
+
+def _pipeline(section: BalancingSection, base: PipelineConfig) -> PipelineConfig:
+    return dataclasses.replace(base, **_set(stages=section.pipeline_stages,
+                                            partition=section.pipeline_partition,
+                                            repartition=section.repartition))
+
+
+def load(path: Path | None, overrides: Mapping[str, Any]) -> ServerConfig:
+    """The file at ``path`` (if any) with ``overrides`` (from flags) laid over it, validated."""
+    table = read_file(path) if path is not None else {}
+    origin = f"{path}{' + command line' if overrides else ''}" if path else "command line"
+    return to_server_config(validate(merge(table, overrides), origin))
