@@ -134,7 +134,7 @@ class ModelSection(BalancingSection):
 
 class Settings(_Section):
     server: ServerSection = ServerSection()
-    devices: DevicesSection = Field(default_factory=DevicesSection)
+    devices: DevicesSection = DevicesSection.model_validate({})
     security: SecuritySection = SecuritySection()
     builtins: BuiltinsSection = BuiltinsSection()
     balancing: BalancingSection = BalancingSection()

@@ -1,0 +1,122 @@
+"""The configuration file: validation messages, flags over the file, one place for defaults."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from evenflow.balancer import Policy
+from evenflow.server.cli import main
+from evenflow.server.config import ServerConfig
+from evenflow.server.settings import ConfigError, file_defaults, load
+
+pytestmark = pytest.mark.timeout(30)
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "deploy" / "evenflow.toml"
+
+BAD_FILES = [
+    ("unknown key", "[server]\nprot = 8001\n", "server.prot: unknown key"),
+    ("unknown section", "[sever]\nport = 8001\n", "sever: unknown key"),
+    ("unknown model key", '[models.m]\nsource = "mlp"\nmax_bach = 8\n',
+     "models.m.max_bach: unknown key"),
+    ("wrong type", '[server]\nport = "8001"\n', "server.port = '8001': Input should be a valid "
+                                                  "integer"),
+    ("wrong type, bool", '[balancing]\nwork_stealing = "yes"\n', "balancing.work_stealing"),
+    ("out of range", "[server]\nport = 70000\n", "server.port = 70000"),
+    ("unknown device", '[devices]\nlist = ["cuda:0", "tpu:1"]\n',
+     "devices.list = ['cuda:0', 'tpu:1']: unknown device 'tpu:1'"),
+    ("unknown policy", '[balancing]\npolicy = "fastest"\n', "balancing.policy = 'fastest'"),
+    ("batch bigger than the queue", "[balancing]\nmax_batch = 64\nmax_queued_requests = 16\n",
+     "balancing.max_batch = 64: a full batch cannot fit"),
+    ("a model's batch bigger than the queue",
+     '[balancing]\nmax_queued_requests = 16\n[models.m]\nsource = "mlp"\nmax_batch = 32\n',
+     "models.m.max_batch = 32: a full batch cannot fit"),
+    ("zero batch", '[models.m]\nsource = "mlp"\nmax_batch = 0\n', "models.m.max_batch = 0"),
+    ("wait past the target", "[balancing]\nmax_wait_ms = 80\nlatency_target_ms = 50\n",
+     "balancing.max_wait_ms = 80.0: must be below latency_target_ms"),
+    ("pipelines that cannot form",
+     '[devices]\nlist = ["cpu:0", "cpu:1", "cpu:2"]\n[balancing]\npipeline_stages = 2\n',
+     "balancing.pipeline_stages = 2: 3 devices cannot form pipelines of 2 stages"),
+    ("missing file source", '[models.m]\nsource = "/nonexistent/model.pt2"\n',
+     "models.m.source = '/nonexistent/model.pt2': no such file"),
+    ("missing module source", '[models.m]\nsource = "no_such_package.models:build"\n',
+     "models.m.source = 'no_such_package.models:build': no module"),
+    ("unknown built-in", '[models.m]\nsource = "resnet"\n', "models.m.source = 'resnet'"),
+    ("model without source", "[models.m]\nmax_batch = 8\n", "models.m.source: required"),
+    ("bad tensor shape", '[models.m]\nsource = "mlp"\n'
+     'inputs = [{name = "x", datatype = "FP32", shape = [8, 256]}]\n',
+     "models.m.inputs.0.shape = [8, 256]: must start with the batch dimension"),
+    ("bad datatype", '[models.m]\nsource = "mlp"\n'
+     'inputs = [{name = "x", datatype = "FLOAT", shape = [-1, 256]}]\n',
+     "models.m.inputs.0.datatype = 'FLOAT'"),
+    ("front-end processes", "[server]\nfrontends = 4\n", "server.frontends = 4: only 1"),
+    ("not TOML", "[server\nport = 1\n", "not TOML"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), [(t, m) for _, t, m in BAD_FILES],
+                         ids=[case for case, _, _ in BAD_FILES])
+def test_check_config_names_the_key_value_and_reason(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["check-config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert message in err, err
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[server]\nport = -1\nhots = 'x'\n[devices]\ncpu_threads = 0\n")
+    with pytest.raises(ConfigError) as caught:
+        load(path, {})
+    assert [p.key for p in caught.value.problems] == [
+        "server.port", "server.hots", "devices.cpu_threads"]
+
+
+def test_nothing_set_gives_the_config_defaults() -> None:
+    assert load(None, {}) == ServerConfig()
+
+
+def test_flags_override_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[server]\nport = 9000\nhost = "0.0.0.0"\n[balancing]\nmax_batch = 16\n'
+                    '[models.a]\nsource = "sim"\nmax_batch = 4\n[models.b]\nsource = "mlp"\n')
+    config = load(path, {"server": {"port": 0}, "balancing": {"policy": "pow2"},
+                         "models": {"c": {"source": "sim"}}})
+    assert (config.host, config.port) == ("0.0.0.0", 0)
+    models = {m.name: m for m in config.model_configs()}
+    assert sorted(models) == ["a", "b", "c"]
+    assert models["a"].balancer is not None and models["a"].balancer.max_batch == 4
+    assert models["b"].balancer is not None and models["b"].balancer.max_batch == 16
+    assert all(m.balancer is not None and m.balancer.policy is Policy.POW2
+               for m in models.values())
+
+
+def test_the_example_file_is_valid_and_its_commented_defaults_are_true() -> None:
+    load(EXAMPLE, {})
+    defaults = file_defaults()
+    section = None
+    checked = 0
+    for line in EXAMPLE.read_text().splitlines():
+        if heading := re.match(r"^\[([\w.]+)\]", line):
+            section = heading.group(1)
+        commented = re.match(r"^# (\w+) = (.+?)\s*(#.*)?$", line)
+        if commented and section in defaults:
+            key, value = commented.group(1), commented.group(2)
+            assert tomllib.loads(f"v = {value}")["v"] == defaults[section][key], (section, key)
+            checked += 1
+    assert checked >= 25, "the example file's defaults were not found"
+
+
+def test_help_shows_the_defaults_of_the_config_classes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    config = ServerConfig()
+    assert f"(default {config.balancer.max_batch})" in text
+    assert f"(default {config.port})" in text
