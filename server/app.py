@@ -103,7 +103,7 @@ class App:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
 
-    def _render_metrics(self) -> str:
+    def _render_metrics(self) -> bytes:
         nvml = self._nvml
         return render(collect(self.models, nvml.latest if nvml is not None else ()))
 

@@ -2,7 +2,11 @@
 
 One request per connection (``Connection: close``), which is all a Prometheus scrape needs. The
 page is rendered on the loop, so it reads the balancers' state consistently and never from
-another thread. Each connection's handler task is owned here and cancelled on ``close``.
+another thread: prometheus_client's own HTTP server would run the collectors on its threads,
+while the replicas mutate their counters on the loop, and it holds a thread per connection with
+no deadline for the request head. Here a client gets ``head_timeout_s`` to send its request
+head and at most ``max_connections`` are open at once (more get 503 at once). Each
+connection's handler task is owned here and cancelled on ``close``.
 """
 
 from __future__ import annotations
@@ -15,14 +19,19 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 _MAX_HEAD_BYTES = 8192
-_READ_TIMEOUT_S = 5.0
+HEAD_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 64
 
 
 class MetricsEndpoint:
     """Serves ``render()`` (exposition text) at ``/metrics`` on ``host:port``."""
 
-    def __init__(self, render: Callable[[], str], content_type: str) -> None:
+    def __init__(self, render: Callable[[], bytes], content_type: str, *,
+                 head_timeout_s: float = HEAD_TIMEOUT_S,
+                 max_connections: int = MAX_CONNECTIONS) -> None:
         self._render = render
+        self._head_timeout_s = head_timeout_s
+        self._max_connections = max_connections
         self._content_type = content_type
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -50,6 +59,9 @@ class MetricsEndpoint:
         assert task is not None
         self._connections.add(task)
         try:
+            if len(self._connections) > self._max_connections:
+                await _respond(writer, 503, b"too many connections\n")
+                return
             await self._serve_one(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # the client went away; nothing to answer
@@ -62,30 +74,31 @@ class MetricsEndpoint:
     async def _serve_one(self, reader: asyncio.StreamReader,
                          writer: asyncio.StreamWriter) -> None:
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_TIMEOUT_S)
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"),
+                                          self._head_timeout_s)
         except asyncio.LimitOverrunError:
-            await _respond(writer, 431, "request header too large\n")
+            await _respond(writer, 431, b"request header too large\n")
             return
         except TimeoutError:
-            await _respond(writer, 408, "request timeout\n")
+            await _respond(writer, 408, b"request timeout\n")
             return
         parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            await _respond(writer, 400, "bad request\n")
+            await _respond(writer, 400, b"bad request\n")
             return
         method, target, _ = parts
         path = target.split("?", 1)[0]
         if path != "/metrics":
-            await _respond(writer, 404, "not found; metrics are at /metrics\n")
+            await _respond(writer, 404, b"not found; metrics are at /metrics\n")
             return
         if method not in ("GET", "HEAD"):
-            await _respond(writer, 405, "method not allowed\n", extra="Allow: GET, HEAD\r\n")
+            await _respond(writer, 405, b"method not allowed\n", extra="Allow: GET, HEAD\r\n")
             return
         try:
             body = self._render()
         except Exception:
             logger.exception("rendering metrics failed")
-            await _respond(writer, 500, "rendering metrics failed\n")
+            await _respond(writer, 500, b"rendering metrics failed\n")
             return
         await _respond(writer, 200, body, content_type=self._content_type,
                        head_only=method == "HEAD")
@@ -93,13 +106,12 @@ class MetricsEndpoint:
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             408: "Request Timeout", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error"}
+            500: "Internal Server Error", 503: "Service Unavailable"}
 
 
-async def _respond(writer: asyncio.StreamWriter, status: int, body: str, *,
+async def _respond(writer: asyncio.StreamWriter, status: int, payload: bytes, *,
                    content_type: str = "text/plain; charset=utf-8", extra: str = "",
                    head_only: bool = False) -> None:
-    payload = body.encode("utf-8")
     head = (f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {content_type}\r\n"
             f"Content-Length: {len(payload)}\r\nConnection: close\r\n{extra}\r\n")
     writer.write(head.encode("latin-1") + (b"" if head_only else payload))

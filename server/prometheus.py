@@ -1,26 +1,36 @@
-"""Prometheus text exposition format (version 0.0.4): metric families rendered to text.
+"""Metric families built at scrape time, exposed in Prometheus' text format by
+``prometheus_client``.
 
-Hand-written rather than a client library so metric names stay exactly as chosen (Triton's
-counters have no ``_total`` suffix, which prometheus_client would add) and the server needs no
-extra dependency. Families are built at scrape time; nothing here runs per request.
+``MetricFamily`` is what ``server.metrics`` fills from the balancers' counters; ``render`` hands
+the families to prometheus_client as a custom collector and returns its exposition. Nothing here
+runs per request.
+
+Triton's counters are named without the ``_total`` suffix (``nv_inference_count``) and
+Triton's dashboards query them by those names; prometheus_client's text format appends
+``_total`` to every counter family, so counters named without it are exposed as ``untyped``,
+which keeps the sample names exactly as Triton's (``rate()`` works on them the same).
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import exposition
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+CONTENT_TYPE = exposition.CONTENT_TYPE_PLAIN_0_0_4
 
 Labels = tuple[tuple[str, str], ...]
+_TOTAL = "_total"
 
 
 @dataclass(slots=True)
 class MetricFamily:
-    """One metric name, its help and type, and its samples (one per label set)."""
+    """One metric name, its help and kind ("counter" or "gauge"), and its samples."""
 
     name: str
-    kind: str  # "counter" or "gauge"
+    kind: str
     help: str
     samples: list[tuple[Labels, float]] = field(default_factory=list)
 
@@ -28,34 +38,39 @@ class MetricFamily:
         self.samples.append((tuple(labels.items()), value))
 
 
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
-
-
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if float(value).is_integer() and abs(value) < 2**53:
-        return str(int(value))
-    return repr(float(value))
-
-
-def render(families: list[MetricFamily]) -> str:
-    """The families as exposition text; a family without samples is left out."""
-    lines: list[str] = []
-    for family in families:
-        if not family.samples:
-            continue
-        lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
-        lines.append(f"# TYPE {family.name} {family.kind}")
+def to_metric(family: MetricFamily) -> Metric:
+    """The family as a prometheus_client metric (label names in first-seen order)."""
+    label_names = list(dict.fromkeys(key for labels, _ in family.samples for key, _ in labels))
+    metric: Metric
+    if family.kind == "gauge":
+        metric = GaugeMetricFamily(family.name, family.help, labels=label_names)
+    elif family.kind == "counter" and family.name.endswith(_TOTAL):
+        metric = CounterMetricFamily(family.name.removesuffix(_TOTAL), family.help,
+                                     labels=label_names)
+    elif family.kind == "counter":  # a Triton name: keep it exactly
+        metric = Metric(family.name, family.help, "unknown")
         for labels, value in family.samples:
-            label_text = ",".join(f'{key}="{_escape_label(val)}"' for key, val in labels)
-            name = f"{family.name}{{{label_text}}}" if label_text else family.name
-            lines.append(f"{name} {format_value(value)}")
-    return "\n".join(lines) + "\n" if lines else ""
+            metric.add_sample(family.name, dict(labels), value)
+        return metric
+    else:
+        raise ValueError(f"metric {family.name}: unknown kind {family.kind!r}")
+    for labels, value in family.samples:
+        metric.add_metric([dict(labels).get(name, "") for name in label_names], value)
+    return metric
+
+
+class _Collector:
+    """prometheus_client's collector protocol over families already read."""
+
+    def __init__(self, families: Iterable[MetricFamily]) -> None:
+        self._families = families
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._families:
+            if family.samples:  # a family without samples is left out
+                yield to_metric(family)
+
+
+def render(families: Iterable[MetricFamily]) -> bytes:
+    """The exposition page of ``families`` (Prometheus text format 0.0.4)."""
+    return exposition.generate_latest(_Collector(families))  # type: ignore[arg-type]

@@ -116,3 +116,29 @@ async def test_head_has_no_body_and_the_port_closes_with_the_server() -> None:
 async def test_no_metrics_port_unless_asked_for() -> None:
     async with running_app((("sim", "sim"),), devices="sim:1", sim_profile=FAST) as (app, _):
         assert app.metrics_port == 0
+
+
+async def test_slow_clients_get_a_deadline_and_a_connection_cap() -> None:
+    from evenflow.server.metrics_http import MetricsEndpoint
+
+    endpoint = MetricsEndpoint(lambda: b"up 1\n", "text/plain", head_timeout_s=0.2,
+                               max_connections=2)
+    port = await endpoint.start("127.0.0.1", 0)
+    try:
+        slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+        for _, writer in slow:
+            writer.write(b"GET /metr")  # half a request line, then nothing
+            await writer.drain()
+        try:  # both slots are held by the slow clients: refused at once
+            status, _, _ = await http(port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        except ConnectionResetError:  # the 503 and close raced our request bytes
+            status = 503
+        assert status == 503
+        for reader, writer in slow:
+            answer = await reader.read()  # the deadline closes them
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            writer.close()
+            await writer.wait_closed()
+        assert (await http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == 200
+    finally:
+        await endpoint.close()

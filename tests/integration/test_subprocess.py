@@ -121,8 +121,8 @@ async def test_metrics_port_flag_serves_prometheus_text(server_factory) -> None:
     async with AsyncClient(server.url) as client:
         await client.infer("sim", {"x": np.ones((3, 256), np.float32)})
     text = await asyncio.to_thread(fetch_text, metrics_url)
-    assert 'nv_inference_request_success{model="sim",version="1"} 1' in text.splitlines()
-    assert 'nv_inference_count{model="sim",version="1"} 3' in text.splitlines()
+    assert 'nv_inference_request_success{model="sim",version="1"} 1.0' in text.splitlines()
+    assert 'nv_inference_count{model="sim",version="1"} 3.0' in text.splitlines()
 
 
 @pytest.mark.parametrize(("args", "message"), [
