@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from evenflow.balancer import BalancerConfig, ModelBalancer, Policy
 from evenflow.balancer.job import BatchResult, BatchTiming, Job
+from evenflow.loadtest.percentiles import percentile
 
 SPEEDS = (1.0, 1.0, 0.5, 0.25)
 
@@ -126,11 +127,6 @@ async def open_loop(config: BalancerConfig, speeds: Sequence[float], rate_per_s:
     await balancer.drain()
     await balancer.close()
     return latencies_s
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def compare(args: argparse.Namespace, base: BalancerConfig) -> None:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from evenflow.loadtest.percentiles import ordered_percentile
 from evenflow.loadtest.runner import OK, RequestRecord
 
 
@@ -43,7 +44,7 @@ class Progress:
             with self._errors.get_lock():
                 self._errors.value += errors
             if latencies:
-                self._p99_ms.value = latencies[int(0.99 * (len(latencies) - 1))] * 1000
+                self._p99_ms.value = ordered_percentile(latencies, 0.99) * 1000
 
     def snapshot(self) -> tuple[int, int, float]:
         return int(self._done.value), int(self._errors.value), float(self._p99_ms.value)

@@ -15,6 +15,7 @@ import numpy as np
 
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.loadtest.histogram import LatencyHistogram
+from evenflow.loadtest.percentiles import ordered_percentile, percentile
 from evenflow.loadtest.progress import Progress
 from evenflow.loadtest.runner import OK, RequestRecord, Target, closed_loop, open_loop
 from evenflow.loadtest.streaming import stream_closed_loop, stream_open_loop
@@ -160,7 +161,7 @@ def summarize(spec: LoadSpec, shares: list[GeneratorShare], start_s: float, warm
     if cpu_fraction > 0.85:
         warnings.append(f"load generator used {cpu_fraction:.0%} of a core: it may be measuring "
                         "itself; add --procs")
-    lag_p99 = float(np.percentile(lag_ms, 99)) if len(lag_ms) else 0.0
+    lag_p99 = percentile(lag_ms, 0.99) if len(lag_ms) else 0.0
     if spec.mode == "rate" and lag_p99 > 5.0:
         warnings.append(f"load generator fell behind schedule (p99 lag {lag_p99:.1f} ms)")
     dropped = sum(s.dropped for s in shares)
@@ -172,8 +173,7 @@ def summarize(spec: LoadSpec, shares: list[GeneratorShare], start_s: float, warm
     cdf = []
     if len(latencies_s):
         for q in (0.0, *np.linspace(0.01, 0.99, 99), 0.999, 1.0):
-            cdf.append((float(latencies_s[min(len(latencies_s) - 1,
-                                              int(q * (len(latencies_s) - 1)))] * 1000), q))
+            cdf.append((ordered_percentile(latencies_s, float(q)) * 1000, float(q)))
     return PointResult(
         mode=spec.mode, value=spec.value, duration_s=spec.duration_s,
         throughput_per_s=len(completed_in_window) / window_s, latency_ms=hist.summary_ms(),

@@ -1,0 +1,31 @@
+"""The one percentile definition (nearest rank) every report uses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from evenflow.loadtest.percentiles import ordered_percentile, percentile
+
+
+def test_nearest_rank_on_a_small_list() -> None:
+    values = [15.0, 20.0, 35.0, 40.0, 50.0]  # the textbook example
+    assert [percentile(values, q) for q in (0.0, 0.05, 0.3, 0.4, 0.5, 1.0)] == [
+        15.0, 15.0, 20.0, 20.0, 35.0, 50.0]
+
+
+def test_matches_numpy_inverted_cdf_and_accepts_any_order() -> None:
+    values = np.random.default_rng(0).exponential(size=1001)
+    for q in (0.5, 0.9, 0.99, 0.999):
+        assert percentile(values.tolist(), q) == np.quantile(values, q, method="inverted_cdf")
+    assert ordered_percentile(np.sort(values), 0.99) == percentile(values.tolist(), 0.99)
+
+
+def test_p99_of_100_values_is_the_99th() -> None:
+    assert percentile(range(1, 101), 0.99) == 99.0
+
+
+@pytest.mark.parametrize(("values", "q"), [([], 0.5), ([1.0], 1.5), ([1.0], -0.1)])
+def test_bad_arguments_are_refused(values: list[float], q: float) -> None:
+    with pytest.raises(ValueError):
+        percentile(values, q)
