@@ -59,6 +59,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await self._infer(request, _deadline_s(context))
         except EvenflowError as exc:
+            _log_failure(request, exc)
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise  # unreachable: abort raises
 
@@ -77,6 +78,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 response = pb.ModelStreamInferResponse(
                     infer_response=await self._infer(request, deadline_s))
             except EvenflowError as exc:
+                _log_failure(request, exc)
                 response = pb.ModelStreamInferResponse(
                     error_message=f"{exc.code.name}: {exc}",
                     infer_response=pb.ModelInferResponse(model_name=request.model_name,
@@ -188,6 +190,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except EvenflowError as exc:
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise
+
+
+def _log_failure(request: pb.ModelInferRequest, exc: EvenflowError) -> None:
+    """A failed request, with its id: a warning when the server failed it (INTERNAL), debug
+    when the request itself was at fault or refused (those can come by the thousand)."""
+    level = logging.WARNING if exc.code is ErrorCode.INTERNAL else logging.DEBUG
+    if logger.isEnabledFor(level):
+        logger.log(level, "request failed: %s", exc, extra={
+            "request_id": request.id, "model": request.model_name, "code": exc.code.name})
 
 
 def _source_from_parameters(parameters: Mapping[str, pb.ModelRepositoryParameter]) -> str | None:

@@ -134,3 +134,23 @@ def test_bad_command_lines_exit_with_usage(args: list[str], message: str) -> Non
                           *args], check=False, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert message in run.stderr
+
+
+async def test_json_logs_carry_the_request_id(server_factory) -> None:
+    import json
+
+    from evenflow.client import ServerInternalError
+
+    server = server_factory("--model", "bad=tests.fixture_models:failing", "--devices", "cpu",
+                            "--log-format", "json")
+    poisoned = np.full((1, 4), 13.0, np.float32)
+    async with AsyncClient(server.url) as client:
+        with pytest.raises(ServerInternalError):
+            await client.infer("bad", {"x": poisoned}, request_id="req-42")
+    assert server.terminate() == 0
+    entries = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+    assert entries, server.log()[-2000:]
+    assert all({"ts", "level", "logger", "message"} <= set(e) for e in entries)
+    (failure,) = [e for e in entries if e.get("request_id") == "req-42"]
+    assert failure["model"] == "bad" and failure["code"] == "INTERNAL"
+    assert "poisoned input" in failure["message"]
