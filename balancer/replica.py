@@ -245,8 +245,10 @@ class Replica:
         counters.compute_infer.add(timing.compute_s * num_jobs, num_jobs)
         counters.compute_output.add(timing.copy_out_s * num_jobs, num_jobs)
         arrivals_s = 0.0
+        observe = counters.latency.observe
         for job, output in zip(jobs, result.outputs, strict=True):
             arrivals_s += job.arrival_s
+            observe(now_s - job.arrival_s)
             if not job.future.done():  # else the caller went away while the batch ran
                 job.future.set_result(output)
         counters.queue.add(start_s * num_jobs - arrivals_s, num_jobs)

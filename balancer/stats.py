@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,37 @@ class DurationStat:
         self.total_s += seconds
 
 
+# Upper bounds (seconds) of the request-latency histogram's buckets: fine around the usual
+# latency targets (10-100 ms), coarse in the tail; anything above the last goes to +Inf.
+LATENCY_BUCKETS_S = (
+    0.0005, 0.001, 0.0015, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025,
+    0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5,
+    2.0, 3.0, 5.0, 10.0)
+
+
+class LatencyHistogram:
+    """Cumulative-at-read histogram of request latencies (successful requests), for Prometheus'
+    ``histogram_quantile``. One bisect and one increment per request."""
+
+    __slots__ = ("counts", "total_s")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS_S) + 1)  # the last is +Inf
+        self.total_s = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BUCKETS_S, seconds)] += 1
+        self.total_s += seconds
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, requests at or below it) per bucket, +Inf last."""
+        running, buckets = 0, []
+        for bound, count in zip((*LATENCY_BUCKETS_S, float("inf")), self.counts, strict=True):
+            running += count
+            buckets.append((bound, running))
+        return buckets
+
+
 @dataclass(slots=True)
 class BatchSizeStat:
     """Triton's per-batch-size statistics: how often each size ran and its phase times."""
@@ -65,6 +97,7 @@ class ModelCounters:
     execution_count: int = 0
     last_inference_s: float = 0.0  # wall clock (time.time) of the last finished batch
     num_rejected: int = 0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
     def record_batch(self, num_samples: int, timing: BatchTiming) -> None:
         stat = self.batches.get(num_samples)

@@ -105,7 +105,8 @@ class App:
 
     def _render_metrics(self) -> bytes:
         nvml = self._nvml
-        return render(collect(self.models, nvml.latest if nvml is not None else ()))
+        failures = self._frontend.failures if self._frontend is not None else {}
+        return render(collect(self.models, nvml.latest if nvml is not None else (), failures))
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (up to the grace), then close the

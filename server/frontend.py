@@ -8,6 +8,7 @@ import json
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
@@ -41,6 +42,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                  server_version: str) -> None:
         self._models = models
         self._manager = manager
+        # (model, status code) -> requests answered with that error; counted on failure only.
+        self.failures: Counter[tuple[str, str]] = Counter()
         self._metadata = pb.ServerMetadataResponse(name=server_name, version=server_version,
                                                    extensions=EXTENSIONS)
         self.ready = False
@@ -59,7 +62,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await self._infer(request, _deadline_s(context))
         except EvenflowError as exc:
-            _log_failure(request, exc)
+            self._count_failure(request, exc)
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise  # unreachable: abort raises
 
@@ -78,7 +81,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 response = pb.ModelStreamInferResponse(
                     infer_response=await self._infer(request, deadline_s))
             except EvenflowError as exc:
-                _log_failure(request, exc)
+                self._count_failure(request, exc)
                 response = pb.ModelStreamInferResponse(
                     error_message=f"{exc.code.name}: {exc}",
                     infer_response=pb.ModelInferResponse(model_name=request.model_name,
@@ -109,6 +112,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+    def _count_failure(self, request: pb.ModelInferRequest, exc: EvenflowError) -> None:
+        # Only served names become labels: a client must not grow the metrics without bound.
+        model = request.model_name if request.model_name in self._models else ""
+        self.failures[model, STATUS_OF[exc.code].name] += 1
+        _log_failure(request, exc)
 
     async def ServerLive(self, request: pb.ServerLiveRequest,
                          context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:

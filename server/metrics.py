@@ -9,10 +9,12 @@ counters and snapshots as ModelStatistics and the stats RPC, at scrape time, on 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client.metrics_core import Metric
 
 from evenflow.balancer import ReplicaSnapshot
-from evenflow.server.prometheus import MetricFamily
+from evenflow.server.prometheus import MetricFamily, histogram
 from evenflow.server.served import MODEL_VERSION, ServedModel
 from evenflow.server.telemetry import GpuSample
 
@@ -63,7 +65,7 @@ _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuSample], float]], ...] = (
 )
 
 
-def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily]:
+def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric]:
     success = MetricFamily("nv_inference_request_success", "counter",
                            "Number of successful inference requests")
     failure = MetricFamily("nv_inference_request_failure", "counter",
@@ -114,8 +116,22 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily]:
                 family.add(value(replica), **replica_labels)
             for size, batches in sorted(replica.batch_size_counts.items()):
                 batch_sizes.add(batches, **replica_labels, batch_size=str(size))
-    return [success, failure, count, exec_count, pending, *(f for f, _ in durations), rejected,
-            target, *(f for f, _ in replica_families), batch_sizes]
+    latency = histogram(
+        "evenflow_request_duration_seconds",
+        "Latency of successful requests, admission to answer (queue plus batch)",
+        ["model", "version"],
+        [([m.name, MODEL_VERSION], m.balancer.counters.latency.cumulative(),
+          m.balancer.counters.latency.total_s) for m in models])
+    return [success, failure, count, exec_count, pending, *(f for f, _ in durations), latency,
+            rejected, target, *(f for f, _ in replica_families), batch_sizes]
+
+
+def _failure_family(failures: Mapping[tuple[str, str], int]) -> MetricFamily:
+    family = MetricFamily("evenflow_request_failures_total", "counter",
+                          "Requests answered with an error, by model and gRPC status code")
+    for (model, code), count in sorted(failures.items()):
+        family.add(count, model=model, code=code)
+    return family
 
 
 def _gpu_families(samples: Iterable[GpuSample]) -> list[MetricFamily]:
@@ -126,6 +142,8 @@ def _gpu_families(samples: Iterable[GpuSample]) -> list[MetricFamily]:
     return [family for family, _ in families]
 
 
-def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample]) -> list[MetricFamily]:
-    """Every metric family, read now."""
-    return [*_model_families(models), *_gpu_families(gpu_samples)]
+def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample],
+            failures: Mapping[tuple[str, str], int]) -> list[MetricFamily | Metric]:
+    """Every metric family, read now. ``failures``: (model, status code) -> failed requests."""
+    models = list(models)
+    return [*_model_families(models), _failure_family(failures), *_gpu_families(gpu_samples)]

@@ -17,7 +17,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import exposition
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 CONTENT_TYPE = exposition.CONTENT_TYPE_PLAIN_0_0_4
 
@@ -59,18 +64,32 @@ def to_metric(family: MetricFamily) -> Metric:
     return metric
 
 
+def histogram(name: str, help_text: str, label_names: list[str],
+              series: Iterable[tuple[list[str], list[tuple[float, int]], float]]) -> Metric:
+    """A histogram family: per label set, cumulative ``(upper bound, count)`` buckets (+Inf
+    last) and the sum of the observed values."""
+    metric = HistogramMetricFamily(name, help_text, labels=label_names)
+    for labels, buckets, total in series:
+        metric.add_metric(labels, [(_bound(b), count) for b, count in buckets], total)
+    return metric
+
+
+def _bound(upper: float) -> str:
+    return "+Inf" if upper == float("inf") else repr(upper)
+
+
 class _Collector:
     """prometheus_client's collector protocol over families already read."""
 
-    def __init__(self, families: Iterable[MetricFamily]) -> None:
+    def __init__(self, families: Iterable[MetricFamily | Metric]) -> None:
         self._families = families
 
     def collect(self) -> Iterator[Metric]:
         for family in self._families:
             if family.samples:  # a family without samples is left out
-                yield to_metric(family)
+                yield to_metric(family) if isinstance(family, MetricFamily) else family
 
 
-def render(families: Iterable[MetricFamily]) -> bytes:
+def render(families: Iterable[MetricFamily | Metric]) -> bytes:
     """The exposition page of ``families`` (Prometheus text format 0.0.4)."""
     return exposition.generate_latest(_Collector(families))  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from evenflow.balancer import BalancerConfig
-from evenflow.client import AsyncClient
+from evenflow.client import AsyncClient, InvalidInputError, ModelNotFoundError
 from evenflow.server.models.spec import SimProfile
 from tests.integration.inprocess import running_app
 
@@ -64,6 +64,10 @@ async def test_metrics_count_requests_per_model_and_show_each_replica() -> None:
                            metrics_port=0) as (app, url), AsyncClient(url) as client:
         x = np.ones((2, 256), np.float32)
         await asyncio.gather(*(client.infer("sim", {"x": x}) for _ in range(12)))
+        with pytest.raises(InvalidInputError):
+            await client.infer("sim", {"x": np.ones((2, 3), np.float32)})
+        with pytest.raises(ModelNotFoundError):
+            await client.infer("nosuch", {"x": x})
         status, headers, body = await http(
             app.metrics_port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert status == 200
@@ -72,6 +76,14 @@ async def test_metrics_count_requests_per_model_and_show_each_replica() -> None:
     samples = parse(body.decode())
     assert value(samples, "nv_inference_request_success", model="sim", version="1") == 12
     assert value(samples, "nv_inference_request_failure", model="sim", version="1") == 0
+    assert value(samples, "evenflow_request_failures_total", model="sim",
+                 code="INVALID_ARGUMENT") == 1
+    assert value(samples, "evenflow_request_failures_total", model="", code="NOT_FOUND") == 1
+    assert value(samples, "evenflow_request_duration_seconds_count", model="sim") == 12
+    buckets = sorted((float(labels["le"]), v) for labels, v
+                     in samples["evenflow_request_duration_seconds_bucket"])
+    assert buckets[-1] == (float("inf"), 12)
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)  # cumulative
     assert value(samples, "nv_inference_count", model="sim") == 24
     assert value(samples, "nv_inference_request_duration_us", model="sim") > 0
     replicas = {labels["replica"]: v for labels, v in samples["evenflow_replica_samples_total"]}
