@@ -64,6 +64,8 @@ _GPU_METRICS: tuple[tuple[str, str, Callable[[GpuSample], float]], ...] = (
      lambda g: g.throttle_reasons),
 )
 
+GPU_METRIC_NAMES = frozenset(name for name, _, _ in _GPU_METRICS)  # exported only with NVML
+
 
 def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric]:
     success = MetricFamily("nv_inference_request_success", "counter",
