@@ -36,6 +36,11 @@ class BalancerConfig:
         work_stealing: a replica that is idle, or starts a batch with room left, takes queued
             work from the busiest while it would finish sooner there (``least-work`` only).
         prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
+        priority_levels: how many priority levels requests may ask for (Triton's convention:
+            1 is the most urgent, ``priority_levels`` the least; a batch is filled from the most
+            urgent level first).
+        default_priority_level: the level of a request that asks for none (priority 0); None is
+            the least urgent level.
     """
 
     policy: Policy = Policy.LEAST_WORK
@@ -47,6 +52,26 @@ class BalancerConfig:
     work_stealing: bool = True
     prior_base_s: float = 0.002
     prior_per_sample_s: float = 0.0002
+    priority_levels: int = 1
+    default_priority_level: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.priority_levels < 1:
+            raise ValueError(f"priority_levels must be >= 1, not {self.priority_levels}")
+        default = self.default_priority_level
+        if default is not None and not 1 <= default <= self.priority_levels:
+            raise ValueError(f"default_priority_level {default} is outside the levels "
+                             f"1..{self.priority_levels}")
+
+    def level_of(self, priority: int) -> int:
+        """The queue level (0 = most urgent) of a request asking for ``priority`` (0 = the
+        default); raises InvalidRequest outside the model's levels."""
+        if priority == 0:
+            priority = self.default_priority_level or self.priority_levels
+        if not 1 <= priority <= self.priority_levels:
+            raise InvalidRequest(f"priority {priority} is outside the model's levels "
+                                 f"1..{self.priority_levels} (0 asks for the default)")
+        return priority - 1
 
 
 class ModelBalancer:
@@ -70,11 +95,13 @@ class ModelBalancer:
         self._in_system = 0  # admitted requests whose future is not done yet
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.cycle(range(len(workers)))
-        shared = JobQueue() if config.policy is Policy.SHARED_QUEUE else None
+        self._default_level = config.level_of(0)
+        levels = config.priority_levels
+        shared = JobQueue(levels) if config.policy is Policy.SHARED_QUEUE else None
         steal = (self._steal_for if config.policy is Policy.LEAST_WORK and config.work_stealing
                  and len(workers) > 1 else None)
         self.replicas = [
-            Replica(worker=worker, queue=shared if shared is not None else JobQueue(),
+            Replica(worker=worker, queue=shared if shared is not None else JobQueue(levels),
                     controller=BatchSizeController(
                         max_batch=config.max_batch, latency_target_s=config.latency_target_s,
                         max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching),
@@ -96,14 +123,16 @@ class ModelBalancer:
     def queued_requests(self) -> int:
         return sum(len(queue) for queue in self._queues)
 
-    def submit(self, payload: Any, num_samples: int,
-               deadline_s: float = math.inf) -> asyncio.Future[Any]:
-        """Admit one request; the returned future resolves to its output or an EvenflowError."""
+    def submit(self, payload: Any, num_samples: int, deadline_s: float = math.inf,
+               priority: int = 0) -> asyncio.Future[Any]:
+        """Admit one request; the returned future resolves to its output or an EvenflowError.
+        ``priority``: Triton's request priority, 1 the most urgent, 0 the model's default."""
         if self._closing:
             raise ShuttingDown(f"model {self.model_name!r} is shutting down")
         if num_samples > self.config.max_batch:
             raise InvalidRequest(f"batch of {num_samples} exceeds max batch size "
                                  f"{self.config.max_batch} of model {self.model_name!r}")
+        level = self.config.level_of(priority) if priority else self._default_level
         now_s = self._clock()
         if deadline_s <= now_s:
             raise DeadlineExceeded("deadline passed before the request was queued")
@@ -116,7 +145,7 @@ class ModelBalancer:
         future: asyncio.Future[Any] = self._loop.create_future()
         self._in_system += 1
         future.add_done_callback(self._leave_system)
-        job = Job(payload, num_samples, now_s, deadline_s, future)
+        job = Job(payload, num_samples, now_s, deadline_s, future, level)
         replica = self._route(job, now_s)
         replica.note_arrival(num_samples, now_s)
         replica.queue.push(job)

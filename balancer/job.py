@@ -18,6 +18,7 @@ class Job:
 
     ``payload`` is opaque to the balancer (the server puts decoded tensors there); only the worker
     reads it. ``future`` resolves to the worker's output for this job, or to an EvenflowError.
+    ``level`` is the job's priority level as an index, 0 the most urgent.
     """
 
     payload: Any
@@ -25,6 +26,7 @@ class Job:
     arrival_s: float
     deadline_s: float
     future: asyncio.Future[Any]
+    level: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import deque
 from collections.abc import Iterator
 
@@ -11,72 +12,87 @@ from evenflow.balancer.job import Job
 
 
 class JobQueue:
-    """FIFO of jobs with a running sample count and cheap wake-ups for the replicas that read it.
+    """Jobs in priority levels (FIFO within a level) with a running sample count and cheap
+    wake-ups for the replicas that read it.
 
-    Jobs whose caller went away (future cancelled) or whose deadline passed are dropped when a
-    batch is taken, never run: the deadline ones fail with ``DeadlineExceeded``.
+    Batches are taken from the most urgent level first; work stealing takes from the tail of the
+    least urgent. Jobs whose caller went away (future cancelled) or whose deadline passed are
+    dropped when a batch is taken, never run: the deadline ones fail with ``DeadlineExceeded``.
     """
 
-    def __init__(self) -> None:
-        self._jobs: deque[Job] = deque()
+    def __init__(self, levels: int = 1) -> None:
+        if levels < 1:
+            raise ValueError(f"a queue needs at least one priority level, not {levels}")
+        self._levels: list[deque[Job]] = [deque() for _ in range(levels)]
+        self._count = 0
         self.num_samples = 0
         self._waiters: list[asyncio.Future[None]] = []
 
     def __len__(self) -> int:
-        return len(self._jobs)
+        return self._count
 
     def __iter__(self) -> Iterator[Job]:
-        return iter(self._jobs)
+        return itertools.chain.from_iterable(self._levels)
 
     @property
     def oldest_arrival_s(self) -> float:
-        return self._jobs[0].arrival_s
+        return min(level[0].arrival_s for level in self._levels if level)
 
     def push(self, job: Job) -> None:
-        self._jobs.append(job)
+        self._levels[job.level].append(job)
+        self._count += 1
         self.num_samples += job.num_samples
         self._wake()
 
     def pop_tail(self) -> Job:
-        job = self._jobs.pop()
+        """The newest job of the least urgent non-empty level."""
+        level = next(level for level in reversed(self._levels) if level)
+        job = level.pop()
+        self._count -= 1
         self.num_samples -= job.num_samples
         return job
 
     def tail_sizes(self) -> list[int]:
-        return [job.num_samples for job in reversed(self._jobs)]
+        """Sizes in the order ``pop_tail`` would return them."""
+        return [job.num_samples for level in reversed(self._levels) for job in reversed(level)]
 
     def take(self, max_samples: int, now_s: float) -> list[Job]:
-        """Jobs from the front up to ``max_samples`` (at least one live job if any is queued)."""
+        """Jobs from the front of the most urgent levels up to ``max_samples`` (at least one live
+        job if any is queued)."""
         batch: list[Job] = []
         total = 0
-        jobs = self._jobs
-        while jobs:
-            job = jobs[0]
-            if job.future.done():
-                jobs.popleft()
-                self.num_samples -= job.num_samples
-                continue
-            if job.deadline_s <= now_s:
-                jobs.popleft()
-                self.num_samples -= job.num_samples
-                job.future.set_exception(DeadlineExceeded(
-                    f"deadline passed after {now_s - job.arrival_s:.3f} s in the queue"))
-                continue
-            if batch and total + job.num_samples > max_samples:
-                break
-            jobs.popleft()
-            self.num_samples -= job.num_samples
-            batch.append(job)
-            total += job.num_samples
-            if total >= max_samples:
-                break
+        for jobs in self._levels:
+            while jobs:
+                job = jobs[0]
+                if job.future.done():
+                    self._drop_front(jobs)
+                    continue
+                if job.deadline_s <= now_s:
+                    self._drop_front(jobs)
+                    job.future.set_exception(DeadlineExceeded(
+                        f"deadline passed after {now_s - job.arrival_s:.3f} s in the queue"))
+                    continue
+                if batch and total + job.num_samples > max_samples:
+                    return batch
+                self._drop_front(jobs)
+                batch.append(job)
+                total += job.num_samples
+                if total >= max_samples:
+                    return batch
         return batch
 
+    def _drop_front(self, jobs: deque[Job]) -> None:
+        job = jobs.popleft()
+        self._count -= 1
+        self.num_samples -= job.num_samples
+
     def fail_all(self, error: BaseException) -> None:
-        while self._jobs:
-            job = self._jobs.popleft()
-            if not job.future.done():
-                job.future.set_exception(error)
+        for jobs in self._levels:
+            while jobs:
+                job = jobs.popleft()
+                if not job.future.done():
+                    job.future.set_exception(error)
+        self._count = 0
         self.num_samples = 0
         self._wake()
 

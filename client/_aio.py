@@ -92,9 +92,9 @@ class AsyncClient:
         return parse_metadata(response)
 
     async def infer(self, model: str, inputs: Inputs, *, outputs: Sequence[str] | None = None,
-                    timeout_s: float | None = None,
-                    request_id: str | None = None) -> dict[str, np.ndarray]:
-        request = build_request(model, inputs, outputs, request_id)
+                    timeout_s: float | None = None, request_id: str | None = None,
+                    priority: int | None = None) -> dict[str, np.ndarray]:
+        request = build_request(model, inputs, outputs, request_id, priority=priority)
         return parse_response(await self._call(self._stub.ModelInfer, request, timeout_s))
 
     async def stream_infer(self, model: str, inputs: AsyncIterable[Inputs] | Iterable[Inputs], *,

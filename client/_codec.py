@@ -67,7 +67,8 @@ def _to_wire(value: Any) -> tuple[np.ndarray, str]:
 
 
 def build_request(model: str, inputs: Inputs, outputs: Sequence[str] | None,
-                  request_id: str | None, model_version: str = "") -> pb.ModelInferRequest:
+                  request_id: str | None, model_version: str = "",
+                  priority: int | None = None) -> pb.ModelInferRequest:
     tensors = []
     raw = []
     for name, value in inputs.items():
@@ -75,11 +76,14 @@ def build_request(model: str, inputs: Inputs, outputs: Sequence[str] | None,
         tensors.append(pb.ModelInferRequest.InferInputTensor(
             name=name, datatype=datatype, shape=array.shape))
         raw.append(array.tobytes())
-    return pb.ModelInferRequest(
+    request = pb.ModelInferRequest(
         model_name=model, model_version=model_version,
         id=request_id if request_id is not None else uuid.uuid4().hex,
         inputs=tensors, raw_input_contents=raw,
         outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name=n) for n in outputs or ()])
+    if priority is not None:  # Triton's convention: 1 is the most urgent level, 0 the default
+        request.parameters["priority"].int64_param = priority
+    return request
 
 
 def parse_response(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:

@@ -81,9 +81,9 @@ class Client:
                                          pb.ModelMetadataRequest(name=name), timeout_s))
 
     def infer(self, model: str, inputs: Inputs, *, outputs: Sequence[str] | None = None,
-              timeout_s: float | None = None,
-              request_id: str | None = None) -> dict[str, np.ndarray]:
-        request = build_request(model, inputs, outputs, request_id)
+              timeout_s: float | None = None, request_id: str | None = None,
+              priority: int | None = None) -> dict[str, np.ndarray]:
+        request = build_request(model, inputs, outputs, request_id, priority=priority)
         return parse_response(self._call(self._stub.ModelInfer, request, timeout_s))
 
     def stream_infer(self, model: str, inputs: Iterable[Inputs], *,

@@ -94,6 +94,10 @@ FLAGS: dict[str, list[Flag]] = {
              "admission bound per model; beyond it RESOURCE_EXHAUSTED", int),
         Flag("--no-work-stealing", "balancing.work_stealing",
              "least-work without moving queued work to idle replicas", const=False),
+        Flag("--priority-levels", "balancing.priority_levels",
+             "priority levels requests may ask for (parameter 'priority', 1 most urgent)", int),
+        Flag("--default-priority-level", "balancing.default_priority_level",
+             "level of a request that asks for none (default: the least urgent)", int),
     ],
     "operations": [
         Flag("--admin", "security.admin",

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
-from evenflow.balancer import ErrorCode, EvenflowError
+from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec
@@ -54,7 +54,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         specs = model.definition
         arrays, num_samples = codec.decode_inputs(request, specs.inputs)
         chosen = codec.requested_outputs(request, specs.outputs)
-        outputs = await model.balancer.submit(arrays, num_samples, deadline_s)
+        priority = _priority(request) if request.parameters else 0
+        outputs = await model.balancer.submit(arrays, num_samples, deadline_s, priority)
         return codec.encode_response(request, specs.outputs, chosen, outputs)
 
     async def ModelInfer(self, request: pb.ModelInferRequest,
@@ -199,6 +200,20 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except EvenflowError as exc:
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise
+
+
+def _priority(request: pb.ModelInferRequest) -> int:
+    """Triton's ``priority`` request parameter (an integer; 0 or absent: the default level)."""
+    if "priority" not in request.parameters:
+        return 0
+    parameter = request.parameters["priority"]
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param"):
+        raise InvalidRequest(f"parameter 'priority' must be an integer, not {kind}")
+    value = int(getattr(parameter, kind))
+    if value < 0:
+        raise InvalidRequest(f"parameter 'priority' must be >= 0, not {value}")
+    return value
 
 
 def _log_failure(request: pb.ModelInferRequest, exc: EvenflowError) -> None:

@@ -11,8 +11,8 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
     [security]   admin, allow_any_model_source
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
     [balancing]  the defaults of every model: policy, batch_policy, max_batch, max_wait_ms,
-                 latency_target_ms, max_queued_requests, work_stealing, pipeline_stages,
-                 pipeline_partition, repartition
+                 latency_target_ms, max_queued_requests, work_stealing, priority_levels,
+                 default_priority_level, pipeline_stages, pipeline_partition, repartition
     [models.NAME] source (required), load, inputs, outputs, and any [balancing] key
 """
 
@@ -102,6 +102,8 @@ class BalancingSection(_Section):
     latency_target_ms: PositiveFloat | None = None
     max_queued_requests: Positive | None = None
     work_stealing: bool | None = None
+    priority_levels: Annotated[int, Field(ge=1, le=64)] | None = None
+    default_priority_level: Positive | None = None
     pipeline_stages: Positive | None = None
     pipeline_partition: Literal[PARTITIONS] | None = None  # type: ignore[valid-type]
     repartition: bool | None = None
@@ -239,6 +241,11 @@ def _cross_checks(settings: Settings) -> list[Problem]:
         if wait_ms >= target_ms:
             report(wait_key, wait_ms, f"must be below latency_target_ms ({target_ms}): no "
                                       "batch could meet the target")
+        (levels, _), (default_level, default_key) = (pick("priority_levels"),
+                                                     pick("default_priority_level"))
+        if default_level is not None and default_level > levels:
+            report(default_key, default_level,
+                   f"must be one of the priority levels 1..{levels}")
         if isinstance(model, ModelSection):
             reason = source_problem(model.source)
             if reason:
@@ -272,6 +279,8 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                       "latency_target_ms": round(balancer.latency_target_s * 1000.0, 6),
                       "max_queued_requests": balancer.max_queued_requests,
                       "work_stealing": balancer.work_stealing,
+                      "priority_levels": balancer.priority_levels,
+                      "default_priority_level": balancer.default_priority_level,
                       "pipeline_stages": pipeline.stages,
                       "pipeline_partition": pipeline.partition,
                       "repartition": pipeline.repartition},
@@ -348,7 +357,8 @@ def _balancer(section: BalancingSection, base: BalancerConfig) -> BalancerConfig
         latency_target_s=section.latency_target_ms / 1000.0
         if section.latency_target_ms is not None else None,
         max_queued_requests=section.max_queued_requests,
-        work_stealing=section.work_stealing))
+        work_stealing=section.work_stealing, priority_levels=section.priority_levels,
+        default_priority_level=section.default_priority_level))
 
 
 def _pipeline(section: BalancingSection, base: PipelineConfig) -> PipelineConfig:

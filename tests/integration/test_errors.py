@@ -80,6 +80,28 @@ async def test_bad_request_status_codes(mlp, request_: pb.ModelInferRequest,
     await still_serves(client)
 
 
+def with_priority(kind: str, value: object) -> pb.ModelInferRequest:
+    request = raw()
+    setattr(request.parameters["priority"], kind, value)
+    return request
+
+
+@pytest.mark.parametrize(("request_", "details"), [
+    (with_priority("int64_param", 2), "priority 2 is outside the model's levels 1..1"),
+    (with_priority("int64_param", -1), "'priority' must be >= 0"),
+    (with_priority("string_param", "high"), "'priority' must be an integer"),
+])
+async def test_bad_priorities_are_refused(mlp, request_: pb.ModelInferRequest,
+                                          details: str) -> None:
+    stub, client = mlp
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ModelInfer(request_, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert details in (info.value.details() or "")
+    for priority in (0, 1):  # the default and the one level the model has
+        assert (await client.infer("mlp", {"x": X}, priority=priority))["y"].shape == (1, 256)
+
+
 async def test_typed_contents_are_accepted(mlp) -> None:
     stub, _ = mlp
     response = await stub.ModelInfer(pb.ModelInferRequest(model_name="mlp", inputs=[Tensor(

@@ -302,3 +302,33 @@ async def test_a_lone_request_does_not_wait_for_batch_mates(make_balancer) -> No
     balancer.submit("only", 1)
     await settle()
     assert worker.batches == [[1]]
+
+
+async def test_a_more_urgent_request_runs_before_older_less_urgent_ones(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], priority_levels=3, max_batch=2, adaptive_batching=False)
+    first = balancer.submit("first", 1)  # starts at once, alone
+    await settle()
+    assert worker.num_waiting == 1
+    low = [balancer.submit(f"low{i}", 1, priority=3) for i in range(2)]
+    default = balancer.submit("default", 1)  # 0: the least urgent level unless configured
+    urgent = balancer.submit("urgent", 1, priority=1)
+    worker.release()
+    await settle()
+    assert first.done() and worker.batches[1] == [1, 1]
+    worker.release()
+    await settle()
+    assert urgent.done() and low[0].done() and not low[1].done() and not default.done()
+    worker.release()
+    await settle()
+    assert all(f.done() for f in (*low, default))
+
+
+def test_priorities_outside_the_levels_are_refused() -> None:
+    config = BalancerConfig(priority_levels=2, default_priority_level=1)
+    assert [config.level_of(p) for p in (0, 1, 2)] == [0, 0, 1]
+    with pytest.raises(InvalidRequest, match=r"priority 3 is outside the model's levels 1\.\.2"):
+        config.level_of(3)
+    with pytest.raises(ValueError, match="default_priority_level 3"):
+        BalancerConfig(priority_levels=2, default_priority_level=3)

@@ -87,3 +87,27 @@ def test_a_cold_replica_gets_one_probe_before_it_is_trusted() -> None:
     rng = random.Random(0)
     assert choose_least_work([warm, cold_idle], 1, rng) == 1  # the probe
     assert choose_least_work([warm, cold_busy], 1, rng) == 0  # wait for its first result
+
+
+def test_a_queue_serves_urgent_levels_first_and_gives_up_its_least_urgent_tail() -> None:
+    import asyncio
+    import math
+
+    from evenflow.balancer.job import Job
+    from evenflow.balancer.queue import JobQueue
+
+    loop = asyncio.new_event_loop()
+    try:
+        queue = JobQueue(levels=2)
+        jobs = {name: Job(name, size, arrival_s, math.inf, loop.create_future(), level)
+                for name, size, arrival_s, level in [("a", 1, 1.0, 1), ("b", 2, 2.0, 0),
+                                                     ("c", 3, 3.0, 1), ("d", 4, 4.0, 0)]}
+        for job in jobs.values():
+            queue.push(job)
+        assert (len(queue), queue.num_samples, queue.oldest_arrival_s) == (4, 10, 1.0)
+        assert queue.tail_sizes() == [3, 1, 4, 2]  # least urgent level's newest first
+        assert queue.pop_tail() is jobs["c"]
+        assert queue.take(7, now_s=5.0) == [jobs["b"], jobs["d"], jobs["a"]]
+        assert (len(queue), queue.num_samples) == (0, 0)
+    finally:
+        loop.close()

@@ -52,6 +52,8 @@ BAD_FILES = [
     ("bad datatype", '[models.m]\nsource = "mlp"\n'
      'inputs = [{name = "x", datatype = "FLOAT", shape = [-1, 256]}]\n',
      "models.m.inputs.0.datatype = 'FLOAT'"),
+    ("default level outside the levels", "[balancing]\npriority_levels = 2\n"
+     "default_priority_level = 3\n", "balancing.default_priority_level = 3: must be one of"),
     ("front-end processes", "[server]\nfrontends = 4\n", "server.frontends = 4: only 1"),
     ("not TOML", "[server\nport = 1\n", "not TOML"),
 ]
