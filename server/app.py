@@ -15,9 +15,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
-from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.config import ServerConfig
-from evenflow.server.frontend import InferenceServicer
+from evenflow.server.frontend import InferenceServicer, add_inference_service
 from evenflow.server.metrics import collect
 from evenflow.server.metrics_http import MetricsEndpoint
 from evenflow.server.model_control import ModelManager
@@ -73,8 +72,9 @@ class App:
         server = grpc.aio.server(options=options)
         self._frontend = InferenceServicer(models=self.models, manager=self.manager,
                                            server_name="evenflow",
-                                           server_version=_server_version())
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(self._frontend, server)
+                                           server_version=_server_version(),
+                                           max_tensor_elements=config.max_tensor_elements)
+        add_inference_service(self._frontend, server)
         nvml = self._nvml
         evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server(
             StatsServicer(models=self.models,

@@ -56,6 +56,8 @@ FLAGS: dict[str, list[Flag]] = {
         Flag("--port", "server.port", "port (0 picks a free one and prints it)", int),
         Flag("--max-message-bytes", "server.max_message_bytes",
              "largest gRPC message in either direction", int),
+        Flag("--max-tensor-elements", "server.max_tensor_elements",
+             "most elements one input tensor of a request may have", int),
     ],
     "models and devices": [
         Flag("--devices", "devices.list", "comma list of cuda:N, cpu[:N], sim:SPEED "

@@ -16,10 +16,18 @@ from evenflow.server.models.spec import TensorSpec
 
 _OutputTensor = pb.ModelInferResponse.InferOutputTensor
 
+# Request parameters evenflow acts on, and Triton's that do not change a non-decoupled model's
+# answer (perf_analyzer sends the first). Any other is refused rather than silently ignored: a
+# client asking for sequence batching or shared memory would otherwise get wrong answers.
+REQUEST_PARAMETERS = ("priority", "timeout")
+HARMLESS_PARAMETERS = ("triton_enable_empty_final_response", "binary_data_output")
 
-def decode_inputs(request: pb.ModelInferRequest,
-                  specs: Sequence[TensorSpec]) -> tuple[list[np.ndarray], int]:
-    """The request's inputs in ``specs`` order, and the batch size they share."""
+
+def decode_inputs(request: pb.ModelInferRequest, specs: Sequence[TensorSpec],
+                  max_elements: int) -> tuple[list[np.ndarray], int]:
+    """The request's inputs in ``specs`` order, and the batch size they share. Every size from
+    the wire is checked against the spec, ``max_elements`` and the bytes actually sent before
+    anything is allocated for it."""
     tensors = request.inputs
     raw = request.raw_input_contents
     if len(specs) == 1 and len(tensors) == 1 and len(raw) == 1:
@@ -27,7 +35,7 @@ def decode_inputs(request: pb.ModelInferRequest,
         spec = specs[0]
         tensor = tensors[0]
         if tensor.name == spec.name:
-            array = _decode_tensor(tensor, spec, raw[0])
+            array = _decode_tensor(tensor, spec, raw[0], max_elements)
             return [array], array.shape[0]
     if raw and len(raw) != len(tensors):
         raise InvalidRequest(f"raw_input_contents has {len(raw)} entries for {len(tensors)} "
@@ -35,12 +43,12 @@ def decode_inputs(request: pb.ModelInferRequest,
     by_name: dict[str, int] = {}
     for index, tensor in enumerate(tensors):
         if tensor.name in by_name:
-            raise InvalidRequest(f"input {tensor.name!r} given twice")
+            raise InvalidRequest(f"input {tensor.name[:64]!r} given twice")
         by_name[tensor.name] = index
     expected = [spec.name for spec in specs]
     for name in by_name:
         if name not in expected:
-            raise InvalidRequest(f"unexpected input {name!r}; model expects {expected}")
+            raise InvalidRequest(f"unexpected input {name[:64]!r}; model expects {expected}")
     arrays: list[np.ndarray] = []
     batch = -1
     for spec in specs:
@@ -48,7 +56,7 @@ def decode_inputs(request: pb.ModelInferRequest,
         if position is None:
             raise InvalidRequest(f"missing input {spec.name!r}; model expects {expected}")
         tensor = tensors[position]
-        array = _decode_tensor(tensor, spec, raw[position] if raw else None)
+        array = _decode_tensor(tensor, spec, raw[position] if raw else None, max_elements)
         if batch not in (-1, array.shape[0]):
             raise InvalidRequest(f"input {spec.name!r} has batch {array.shape[0]}, other inputs "
                                  f"have {batch}; all inputs must share the batch dimension")
@@ -58,15 +66,21 @@ def decode_inputs(request: pb.ModelInferRequest,
 
 
 def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, spec: TensorSpec,
-                   raw: bytes | None) -> np.ndarray:
+                   raw: bytes | None, max_elements: int) -> np.ndarray:
     name = spec.name
     if tensor.datatype != spec.datatype:
-        raise InvalidRequest(f"input {name!r} has datatype {tensor.datatype or '(empty)'}; "
+        raise InvalidRequest(f"input {name!r} has datatype {tensor.datatype[:32] or '(empty)'}; "
                              f"expected {spec.datatype}")
+    if tensor.parameters:
+        raise InvalidRequest(f"input {name!r}: tensor parameters {sorted(tensor.parameters)[:4]} "
+                             "are not supported (no shared memory)")
     wire = WIRE_TYPES[spec.datatype]
     shape = tuple(tensor.shape)
     _check_shape(name, shape, spec.shape)
     count = math.prod(shape)
+    if count > max_elements:
+        raise InvalidRequest(f"input {name!r} has {count} elements; the server's limit is "
+                             f"{max_elements} (--max-tensor-elements)")
     has_typed = tensor.HasField("contents")
     if raw is not None:
         if has_typed:
@@ -80,14 +94,14 @@ def _decode_tensor(tensor: pb.ModelInferRequest.InferInputTensor, spec: TensorSp
 
 def _check_shape(name: str, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
     if len(shape) != len(expected):
-        raise InvalidRequest(f"input {name!r} has shape {list(shape)} (rank {len(shape)}); "
+        raise InvalidRequest(f"input {name!r} has shape {list(shape)[:8]} (rank {len(shape)}); "
                              f"expected {list(expected)} (rank {len(expected)})")
     if shape[0] < 1:
         raise InvalidRequest(f"input {name!r} has batch dimension {shape[0]}; expected >= 1")
     for got, want in zip(shape[1:], expected[1:], strict=True):
-        if got < 0 or want not in (-1, got):
+        if got < 1 or want not in (-1, got):
             raise InvalidRequest(f"input {name!r} has shape {list(shape)}; expected "
-                                 f"{list(expected)} (-1: any size)")
+                                 f"{list(expected)} (-1: any size >= 1)")
 
 
 def _decode_raw(name: str, wire: WireType, shape: tuple[int, ...], count: int,
@@ -139,12 +153,27 @@ def requested_outputs(request: pb.ModelInferRequest,
     if not request.outputs:
         return list(range(len(specs)))
     names = [spec.name for spec in specs]
-    chosen = []
+    chosen: list[int] = []
     for output in request.outputs:
         if output.name not in names:
-            raise InvalidRequest(f"unknown requested output {output.name!r}; model has {names}")
-        chosen.append(names.index(output.name))
+            raise InvalidRequest(f"unknown requested output {output.name[:64]!r}; model has "
+                                 f"{names}")
+        if output.parameters:
+            raise InvalidRequest(f"requested output {output.name!r}: parameters "
+                                 f"{sorted(output.parameters)[:4]} are not supported")
+        index = names.index(output.name)
+        if index in chosen:
+            raise InvalidRequest(f"output {output.name!r} requested twice")
+        chosen.append(index)
     return chosen
+
+
+def check_parameters(request: pb.ModelInferRequest) -> None:
+    """Refuse request parameters evenflow does not act on (call only when there are any)."""
+    unknown = sorted(set(request.parameters) - {*REQUEST_PARAMETERS, *HARMLESS_PARAMETERS})
+    if unknown:
+        raise InvalidRequest(f"unsupported request parameters {[k[:64] for k in unknown[:4]]}; "
+                             f"evenflow acts on {list(REQUEST_PARAMETERS)}")
 
 
 def encode_response(request: pb.ModelInferRequest, specs: Sequence[TensorSpec],

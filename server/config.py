@@ -58,6 +58,7 @@ class ServerConfig:
     """Attributes:
     host, port: where to listen (port 0 picks a free port; the bound one is printed).
     max_message_bytes: largest gRPC message received or sent.
+    max_tensor_elements: most elements one input tensor of a request may have.
     models: the models the server knows (``(name, source)`` pairs are accepted and become
         ModelConfig with the server's balancer and pipeline settings).
     devices: comma list (cuda:N, cpu[:N], sim:SPEED); None = every GPU, else cpu.
@@ -81,6 +82,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8001
     max_message_bytes: int = 64 * 1024 * 1024
+    max_tensor_elements: int = 1 << 24
     models: Sequence[ModelConfig | tuple[str, str]] = (ModelConfig("mlp", "mlp"),)
     devices: str | None = None
     cpu_threads: int = 1

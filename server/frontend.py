@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -17,8 +16,9 @@ from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec
+from evenflow.server.decoding import Undecodable, tolerant_deserializer
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
-from evenflow.server.model_control import ModelControlError, ModelManager
+from evenflow.server.model_control import ModelManager, source_from_load_parameters
 from evenflow.server.served import MODEL_VERSION, ModelTable, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -39,8 +39,9 @@ _MAX_STREAM_IN_FLIGHT = 1024
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, *, models: ModelTable, manager: ModelManager, server_name: str,
-                 server_version: str) -> None:
+                 server_version: str, max_tensor_elements: int) -> None:
         self._models = models
+        self._max_elements = max_tensor_elements
         self._manager = manager
         # (model, status code) -> requests answered with that error; counted on failure only.
         self.failures: Counter[tuple[str, str]] = Counter()
@@ -48,17 +49,23 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                                                    extensions=EXTENSIONS)
         self.ready = False
 
-    async def _infer(self, request: pb.ModelInferRequest,
+    async def _infer(self, request: pb.ModelInferRequest | Undecodable,
                      deadline_s: float) -> pb.ModelInferResponse:
+        if isinstance(request, Undecodable):
+            raise InvalidRequest(request.reason)
         model = self._models.get(request.model_name, request.model_version)
         specs = model.definition
-        arrays, num_samples = codec.decode_inputs(request, specs.inputs)
+        priority = 0
+        if request.parameters:
+            codec.check_parameters(request)
+            priority = _priority(request)
+            deadline_s = min(deadline_s, _timeout_deadline_s(request))
+        arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
         chosen = codec.requested_outputs(request, specs.outputs)
-        priority = _priority(request) if request.parameters else 0
         outputs = await model.balancer.submit(arrays, num_samples, deadline_s, priority)
         return codec.encode_response(request, specs.outputs, chosen, outputs)
 
-    async def ModelInfer(self, request: pb.ModelInferRequest,
+    async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         try:
             return await self._infer(request, _deadline_s(context))
@@ -67,7 +74,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise  # unreachable: abort raises
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+    async def ModelStreamInfer(self,
+                               request_iterator: AsyncIterator[pb.ModelInferRequest | Undecodable],
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests are run concurrently; responses are written as they finish (match by id).
@@ -77,7 +85,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
         tasks: set[asyncio.Task[None]] = set()
 
-        async def one(request: pb.ModelInferRequest) -> None:
+        async def one(request: pb.ModelInferRequest | Undecodable) -> None:
             try:
                 response = pb.ModelStreamInferResponse(
                     infer_response=await self._infer(request, deadline_s))
@@ -114,7 +122,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(reader, *tasks, return_exceptions=True)
 
-    def _count_failure(self, request: pb.ModelInferRequest, exc: EvenflowError) -> None:
+    def _count_failure(self, request: pb.ModelInferRequest | Undecodable,
+                       exc: EvenflowError) -> None:
         # Only served names become labels: a client must not grow the metrics without bound.
         model = request.model_name if request.model_name in self._models else ""
         self.failures[model, STATUS_OF[exc.code].name] += 1
@@ -174,7 +183,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """Load (or reload) a configured model. The ``config`` parameter, a JSON object, may
         name another ``source`` where the server allows any source."""
         try:
-            source = _source_from_parameters(request.parameters)
+            source = source_from_load_parameters(request.parameters)
             await self._manager.load(request.model_name, source)
         except EvenflowError as exc:
             await context.abort(STATUS_OF[exc.code], str(exc))
@@ -202,47 +211,71 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise
 
 
-def _priority(request: pb.ModelInferRequest) -> int:
-    """Triton's ``priority`` request parameter (an integer; 0 or absent: the default level)."""
-    if "priority" not in request.parameters:
-        return 0
-    parameter = request.parameters["priority"]
+def _integer_parameter(request: pb.ModelInferRequest, key: str) -> int | None:
+    if key not in request.parameters:
+        return None
+    parameter = request.parameters[key]
     kind = parameter.WhichOneof("parameter_choice")
     if kind not in ("int64_param", "uint64_param"):
-        raise InvalidRequest(f"parameter 'priority' must be an integer, not {kind}")
+        raise InvalidRequest(f"parameter {key!r} must be an integer, not {kind}")
     value = int(getattr(parameter, kind))
     if value < 0:
-        raise InvalidRequest(f"parameter 'priority' must be >= 0, not {value}")
+        raise InvalidRequest(f"parameter {key!r} must be >= 0, not {value}")
     return value
 
 
-def _log_failure(request: pb.ModelInferRequest, exc: EvenflowError) -> None:
+def _priority(request: pb.ModelInferRequest) -> int:
+    """Triton's ``priority`` request parameter (0 or absent: the model's default level)."""
+    return _integer_parameter(request, "priority") or 0
+
+
+def _timeout_deadline_s(request: pb.ModelInferRequest) -> float:
+    """Triton's ``timeout`` request parameter (microseconds; 0 or absent: none) as a deadline."""
+    timeout_us = _integer_parameter(request, "timeout")
+    return time.monotonic() + timeout_us / 1e6 if timeout_us else math.inf
+
+
+def add_inference_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """The generated registration, with ModelInfer and ModelStreamInfer swapped for handlers
+    that use the tolerant deserializer (the generated code registers every method by path,
+    which takes precedence over any generic handler added next to it)."""
+    captured = _CapturedRegistration()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, captured)
+    parse = tolerant_deserializer(pb.ModelInferRequest)
+    handlers = dict(captured.handlers)
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer, request_deserializer=parse,
+        response_serializer=pb.ModelInferResponse.SerializeToString)
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer, request_deserializer=parse,
+        response_serializer=pb.ModelStreamInferResponse.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(captured.service, handlers),))
+    server.add_registered_method_handlers(captured.service, handlers)
+
+
+class _CapturedRegistration:
+    """Stands in for a server to read what the generated code registers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass  # the same methods come again through add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str,
+                                       handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError) -> None:
     """A failed request, with its id: a warning when the server failed it (INTERNAL), debug
     when the request itself was at fault or refused (those can come by the thousand)."""
     level = logging.WARNING if exc.code is ErrorCode.INTERNAL else logging.DEBUG
     if logger.isEnabledFor(level):
         logger.log(level, "request failed: %s", exc, extra={
             "request_id": request.id, "model": request.model_name, "code": exc.code.name})
-
-
-def _source_from_parameters(parameters: Mapping[str, pb.ModelRepositoryParameter]) -> str | None:
-    unknown = sorted(set(parameters) - {"config"})
-    if unknown:
-        raise ModelControlError(f"unsupported load parameters {unknown}: evenflow loads model "
-                                "sources by name or path, not uploaded files",
-                                ErrorCode.INVALID_ARGUMENT)
-    if "config" not in parameters:
-        return None
-    try:
-        config = json.loads(parameters["config"].string_param)
-    except json.JSONDecodeError as exc:
-        raise ModelControlError(f"load parameter 'config' is not JSON: {exc}",
-                                ErrorCode.INVALID_ARGUMENT) from exc
-    if not isinstance(config, dict) or set(config) - {"source"} or \
-            not isinstance(config.get("source", ""), str):
-        raise ModelControlError("load parameter 'config' must be a JSON object with at most a "
-                                "string 'source'", ErrorCode.INVALID_ARGUMENT)
-    return config.get("source")
 
 
 def _deadline_s(context: grpc.aio.ServicerContext) -> float:

@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from evenflow.balancer import ModelBalancer, Worker
 from evenflow.balancer.errors import ErrorCode, EvenflowError
+from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.config import ModelConfig, PipelineConfig, ServerConfig
 from evenflow.server.models.repository import load_definition
 from evenflow.server.models.spec import ModelDefinition
@@ -184,3 +187,26 @@ class ModelManager:
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer)
         balancer.start()
         return ServedModel(model.name, definition, balancer)
+
+
+def source_from_load_parameters(parameters: Mapping[str, pb.ModelRepositoryParameter]
+                                ) -> str | None:
+    """The ``source`` a RepositoryModelLoad asks for in its ``config`` parameter (a JSON
+    object), or None; anything else in the request is refused."""
+    unknown = sorted(set(parameters) - {"config"})
+    if unknown:
+        raise ModelControlError(f"unsupported load parameters {unknown}: evenflow loads model "
+                                "sources by name or path, not uploaded files",
+                                ErrorCode.INVALID_ARGUMENT)
+    if "config" not in parameters:
+        return None
+    try:
+        config = json.loads(parameters["config"].string_param)
+    except json.JSONDecodeError as exc:
+        raise ModelControlError(f"load parameter 'config' is not JSON: {exc}",
+                                ErrorCode.INVALID_ARGUMENT) from exc
+    if not isinstance(config, dict) or set(config) - {"source"} or \
+            not isinstance(config.get("source", ""), str):
+        raise ModelControlError("load parameter 'config' must be a JSON object with at most a "
+                                "string 'source'", ErrorCode.INVALID_ARGUMENT)
+    return config.get("source")

@@ -34,9 +34,9 @@ class ModelTable:
     def get(self, name: str, version: str = "") -> ServedModel:
         model = self._models.get(name)
         if model is None:
-            raise ModelNotFound(f"unknown model {name!r}; serving {sorted(self._models)}")
+            raise ModelNotFound(f"unknown model {name[:64]!r}; serving {sorted(self._models)}")
         if version and version != MODEL_VERSION:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}; "
+            raise ModelNotFound(f"model {name!r} has no version {version[:16]!r}; "
                                 f"versions: [{MODEL_VERSION!r}]")
         return model
 

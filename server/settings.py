@@ -5,8 +5,8 @@ Every key is optional: a key left out takes the default stated once in ``server.
 ``balancer.BalancerConfig``); the schema only says what each key may hold. Invalid files fail
 with the key, the value and the reason, all problems at once (``ConfigError``).
 
-    [server]     host, port, max_message_bytes, shutdown_grace_s, gil_switch_interval_us,
-                 metrics_port, log_level, log_format, frontends, workers
+    [server]     host, port, max_message_bytes, max_tensor_elements, shutdown_grace_s,
+                 gil_switch_interval_us, metrics_port, log_level, log_format, frontends, workers
     [devices]    list, cpu_threads, dtype
     [security]   admin, allow_any_model_source
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
@@ -51,6 +51,7 @@ class ServerSection(_Section):
     host: str | None = None
     port: Port | None = None
     max_message_bytes: Annotated[int, Field(ge=1024)] | None = None
+    max_tensor_elements: Positive | None = None
     shutdown_grace_s: NonNegativeFloat | None = None
     gil_switch_interval_us: PositiveFloat | None = None
     metrics_port: Port | None = None
@@ -261,6 +262,7 @@ def file_defaults() -> dict[str, dict[str, Any]]:
     return {
         "server": {"host": config.host, "port": config.port,
                    "max_message_bytes": config.max_message_bytes,
+                   "max_tensor_elements": config.max_tensor_elements,
                    "shutdown_grace_s": config.shutdown_grace_s,
                    "gil_switch_interval_us": round(config.gil_switch_interval_s * 1e6, 3),
                    "metrics_port": config.metrics_port, "log_level": config.log_level,
@@ -332,6 +334,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
             **_set(encoder_size=builtins.encoder_size,
                    sim_layer_ms=tuple(builtins.sim_layer_ms) if builtins.sim_layer_ms else None)),
         **_set(host=server.host, port=server.port, max_message_bytes=server.max_message_bytes,
+               max_tensor_elements=server.max_tensor_elements,
                shutdown_grace_s=server.shutdown_grace_s, metrics_port=server.metrics_port,
                log_level=server.log_level, log_format=server.log_format,
                gil_switch_interval_s=server.gil_switch_interval_us / 1e6

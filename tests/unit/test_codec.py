@@ -9,6 +9,7 @@ from evenflow.server.codec import decode_inputs, encode_response, requested_outp
 from evenflow.server.models.spec import TensorSpec
 
 X = [TensorSpec("x", "FP32", (-1, 4))]
+LIMIT = 1 << 20  # --max-tensor-elements
 Tensor = pb.ModelInferRequest.InferInputTensor
 
 
@@ -22,7 +23,7 @@ def raw_request(array: np.ndarray, name: str = "x", datatype: str = "FP32",
 
 def test_raw_fp32_round_trip() -> None:
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    arrays, batch = decode_inputs(raw_request(x), X)
+    arrays, batch = decode_inputs(raw_request(x), X, LIMIT)
     assert batch == 2
     np.testing.assert_array_equal(arrays[0], x)
 
@@ -31,7 +32,7 @@ def test_typed_contents() -> None:
     request = pb.ModelInferRequest(inputs=[Tensor(
         name="x", datatype="FP32", shape=[1, 4],
         contents=pb.InferTensorContents(fp32_contents=[1, 2, 3, 4]))])
-    arrays, batch = decode_inputs(request, X)
+    arrays, batch = decode_inputs(request, X, LIMIT)
     assert batch == 1
     assert arrays[0].dtype == np.float32
     np.testing.assert_array_equal(arrays[0], [[1, 2, 3, 4]])
@@ -63,7 +64,7 @@ def test_typed_contents() -> None:
 def test_invalid_requests_name_the_tensor_and_expectation(request_: pb.ModelInferRequest,
                                                           message: str) -> None:
     with pytest.raises(InvalidRequest) as info:
-        decode_inputs(request_, X)
+        decode_inputs(request_, X, LIMIT)
     assert message in str(info.value)
 
 
@@ -74,7 +75,7 @@ def test_inputs_must_share_the_batch_dimension() -> None:
                 Tensor(name="b", datatype="INT32", shape=[2, 2])],
         raw_input_contents=[bytes(8), bytes(16)])
     with pytest.raises(InvalidRequest, match="share the batch"):
-        decode_inputs(request, specs)
+        decode_inputs(request, specs, LIMIT)
 
 
 @pytest.mark.parametrize(("datatype", "dtype"), [
@@ -83,7 +84,7 @@ def test_inputs_must_share_the_batch_dimension() -> None:
 def test_raw_datatypes(datatype: str, dtype: type) -> None:
     spec = [TensorSpec("x", datatype, (-1, 3))]
     array = np.array([[1, 0, 1]], dtype=dtype)
-    decoded, _ = decode_inputs(raw_request(array, datatype=datatype), spec)
+    decoded, _ = decode_inputs(raw_request(array, datatype=datatype), spec, LIMIT)
     np.testing.assert_array_equal(decoded[0], array)
 
 
@@ -92,11 +93,11 @@ def test_bytes_elements_are_counted() -> None:
     raw = b"".join(struct.pack("<I", len(v)) + v for v in (b"ab", b"c"))
     request = pb.ModelInferRequest(inputs=[Tensor(name="s", datatype="BYTES", shape=[1, 2])],
                                    raw_input_contents=[raw])
-    decoded, _ = decode_inputs(request, spec)
+    decoded, _ = decode_inputs(request, spec, LIMIT)
     assert decoded[0].tolist() == [[b"ab", b"c"]]
     request.inputs[0].shape[:] = [1, 3]
     with pytest.raises(InvalidRequest, match="holds 2 BYTES elements"):
-        decode_inputs(request, [TensorSpec("s", "BYTES", (-1, 3))])
+        decode_inputs(request, [TensorSpec("s", "BYTES", (-1, 3))], LIMIT)
 
 
 def test_requested_outputs_and_encoding() -> None:
