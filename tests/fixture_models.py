@@ -67,3 +67,18 @@ def failing_chain() -> ModelDefinition:
     return ModelDefinition(module=torch.nn.Sequential(torch.nn.Identity(), RaisesOnMarker()),
                            inputs=[TensorSpec("x", "FP32", (-1, 4))],
                            outputs=[TensorSpec("y", "FP32", (-1, 4))], traceable=False)
+
+
+class FirstInput(torch.nn.Module):
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, text: object) -> torch.Tensor:
+        return x
+
+
+def three_inputs() -> ModelDefinition:
+    """FP32, a variable-length INT64 and a BYTES input: a wide surface for malformed requests
+    (the tests that use it send only bad requests; BYTES never reaches torch)."""
+    return ModelDefinition(module=FirstInput(),
+                           inputs=[TensorSpec("x", "FP32", (-1, 4)),
+                                   TensorSpec("ids", "INT64", (-1, -1)),
+                                   TensorSpec("text", "BYTES", (-1, 2))],
+                           outputs=[TensorSpec("y", "FP32", (-1, 4))], traceable=False)
