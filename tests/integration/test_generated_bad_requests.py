@@ -85,14 +85,15 @@ def three_request(batch: int, length: int) -> pb.ModelInferRequest:
 
 # Mutations: each takes a well-formed request and the hypothesis data, and returns what was
 # done and the code it must get.
-Mutation = Callable[[pb.ModelInferRequest, st.DataObject], tuple[str, grpc.StatusCode]]
+Result = tuple[str, grpc.StatusCode]
+Mutation = Callable[[pb.ModelInferRequest, st.DataObject], Result]
 
 
 def pick_input(request: pb.ModelInferRequest, data: st.DataObject) -> int:
     return data.draw(st.integers(0, len(request.inputs) - 1))
 
 
-def wrong_datatype(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def wrong_datatype(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     current = request.inputs[i].datatype
     new = data.draw(st.sampled_from(sorted(set(WIRE_TYPES) - {current})) | st.text(max_size=40)
@@ -101,7 +102,7 @@ def wrong_datatype(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[
     return f"datatype {new!r}", INVALID
 
 
-def bad_shape(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def bad_shape(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     shape = list(request.inputs[i].shape)
     kind = data.draw(st.sampled_from(["negative", "zero", "huge", "rank+", "rank-", "other"]))
@@ -123,8 +124,7 @@ def bad_shape(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, 
     return f"shape {shape} ({kind})", INVALID
 
 
-def overflowing_count(request: pb.ModelInferRequest,
-                      data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def overflowing_count(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     rank = len(request.inputs[i].shape)
     dims = data.draw(st.lists(st.integers(2**31, 2**63 - 1), min_size=rank, max_size=rank))
@@ -133,7 +133,7 @@ def overflowing_count(request: pb.ModelInferRequest,
     return f"element count overflow {dims}", INVALID
 
 
-def raw_size(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def raw_size(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     raw = request.raw_input_contents[i]
     delta = data.draw(st.integers(-len(raw), 64).filter(lambda d: d != 0))
@@ -141,8 +141,7 @@ def raw_size(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, g
     return f"raw bytes {delta:+d}", INVALID
 
 
-def bad_bytes_prefix(request: pb.ModelInferRequest,
-                     data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def bad_bytes_prefix(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     if request.model_name != "three":
         return unknown_input(request, data)
     length = data.draw(st.integers(3, 2**32 - 1))  # past the end of the data
@@ -151,8 +150,7 @@ def bad_bytes_prefix(request: pb.ModelInferRequest,
     return f"BYTES length prefix {length}", INVALID
 
 
-def empty_tensor(request: pb.ModelInferRequest,
-                 data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def empty_tensor(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     """A consistent but empty tensor: three's variable-length ids with no elements."""
     batch = data.draw(st.integers(1, 4))
     request.CopyFrom(three_request(batch, 1))
@@ -162,16 +160,14 @@ def empty_tensor(request: pb.ModelInferRequest,
     return f"empty tensor [{batch}, 0]", INVALID
 
 
-def duplicate_input(request: pb.ModelInferRequest,
-                    data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def duplicate_input(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     request.inputs.append(request.inputs[i])
     request.raw_input_contents.append(request.raw_input_contents[i])
     return f"input {request.inputs[i].name!r} twice", INVALID
 
 
-def missing_input(request: pb.ModelInferRequest,
-                  data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def missing_input(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     name = request.inputs[i].name
     del request.inputs[i]
@@ -179,16 +175,14 @@ def missing_input(request: pb.ModelInferRequest,
     return f"input {name!r} missing", INVALID
 
 
-def unknown_input(request: pb.ModelInferRequest,
-                  data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def unknown_input(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     names = {t.name for t in request.inputs}
     request.inputs[i].name = data.draw(st.text(max_size=200).filter(lambda n: n not in names))
     return f"input renamed {request.inputs[i].name!r}", INVALID
 
 
-def typed_and_raw(request: pb.ModelInferRequest,
-                  data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def typed_and_raw(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     i = pick_input(request, data)
     request.inputs[i].contents.int64_contents.extend(
         data.draw(st.lists(st.integers(-5, 5), min_size=1, max_size=8)))
@@ -199,13 +193,13 @@ def typed_and_raw(request: pb.ModelInferRequest,
     return "typed and raw contents mixed", INVALID
 
 
-def raw_count(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def raw_count(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     extra = data.draw(st.integers(1, 3))
     request.raw_input_contents.extend([b"\x00" * 4] * extra)
     return f"{extra} extra raw_input_contents", INVALID
 
 
-def bad_outputs(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def bad_outputs(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     output = pb.ModelInferRequest.InferRequestedOutputTensor
     kind = data.draw(st.sampled_from(["unknown", "twice", "parameter"]))
     if kind == "unknown":
@@ -220,8 +214,7 @@ def bad_outputs(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str
     return f"requested outputs ({kind})", INVALID
 
 
-def bad_parameters(request: pb.ModelInferRequest,
-                   data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def bad_parameters(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     kind = data.draw(st.sampled_from(["unknown", "sequence", "tensor", "priority", "timeout"]))
     if kind == "unknown":
         key = data.draw(st.text(min_size=1, max_size=50).filter(
@@ -241,20 +234,18 @@ def bad_parameters(request: pb.ModelInferRequest,
     return f"parameters ({kind})", INVALID
 
 
-def over_max_batch(request: pb.ModelInferRequest,
-                   data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def over_max_batch(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     batch = data.draw(st.integers(MAX_BATCH + 1, 4 * MAX_BATCH))
     request.CopyFrom(mlp_request(batch))
     return f"batch {batch} > max batch {MAX_BATCH}", INVALID
 
 
-def over_message_limit(request: pb.ModelInferRequest,
-                       data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def over_message_limit(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     request.raw_input_contents[0] += bytes(MAX_MESSAGE_BYTES + data.draw(st.integers(1, 4096)))
     return "message over --max-message-bytes", EXHAUSTED
 
 
-def typed_count(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def typed_count(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     request.CopyFrom(mlp_request(1))
     del request.raw_input_contents[:]
     count = data.draw(st.integers(0, 600).filter(lambda n: n != 256))
@@ -262,8 +253,7 @@ def typed_count(request: pb.ModelInferRequest, data: st.DataObject) -> tuple[str
     return f"{count} typed values for 256", INVALID
 
 
-def unknown_model(request: pb.ModelInferRequest,
-                  data: st.DataObject) -> tuple[str, grpc.StatusCode]:
+def unknown_model(request: pb.ModelInferRequest, data: st.DataObject) -> Result:
     if data.draw(st.booleans()):
         request.model_name = data.draw(st.text(max_size=300).filter(
             lambda n: n not in ("mlp", "three")))
