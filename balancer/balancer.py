@@ -31,8 +31,15 @@ class BalancerConfig:
         max_batch: largest batch a replica runs, and the largest request admitted.
         max_wait_s: longest a request waits for its batch to fill before the batch runs anyway.
         latency_target_s: per-request latency the batch-size controller aims to stay within.
-        max_queued_requests: admission bound over all of the model's queues; beyond it requests
-            are refused with ``Overloaded`` rather than queued without limit.
+        max_queued_requests, max_queued_samples: admission bounds in count over all of the
+            model's queues (requests, samples; None: no sample bound); beyond them a request is
+            refused with ``Overloaded``.
+        max_queue_delay_s: admission bound in time: a request predicted to wait longer than
+            this before its batch starts is refused at once with ``Overloaded``. None (the
+            default) bounds the prediction by the latency target instead: a request predicted
+            to finish later than ``latency_target_s`` after it arrived is refused, so what is
+            accepted under overload still meets the target. A request predicted to finish after
+            its own deadline is refused either way.
         work_stealing: a replica that is idle, or starts a batch with room left, takes queued
             work from the busiest while it would finish sooner there (``least-work`` only).
         prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
@@ -49,6 +56,8 @@ class BalancerConfig:
     max_wait_s: float = 0.002
     latency_target_s: float = 0.050
     max_queued_requests: int = 4096
+    max_queued_samples: int | None = None
+    max_queue_delay_s: float | None = None
     work_stealing: bool = True
     prior_base_s: float = 0.002
     prior_per_sample_s: float = 0.0002
@@ -97,11 +106,13 @@ class ModelBalancer:
         self._round_robin = itertools.cycle(range(len(workers)))
         self._default_level = config.level_of(0)
         levels = config.priority_levels
-        shared = JobQueue(levels) if config.policy is Policy.SHARED_QUEUE else None
+        dropped = self.counters.dropped
+        shared = JobQueue(levels, dropped) if config.policy is Policy.SHARED_QUEUE else None
         steal = (self._steal_for if config.policy is Policy.LEAST_WORK and config.work_stealing
                  and len(workers) > 1 else None)
         self.replicas = [
-            Replica(worker=worker, queue=shared if shared is not None else JobQueue(levels),
+            Replica(worker=worker,
+                    queue=shared if shared is not None else JobQueue(levels, dropped),
                     controller=BatchSizeController(
                         max_batch=config.max_batch, latency_target_s=config.latency_target_s,
                         max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching),
@@ -136,20 +147,77 @@ class ModelBalancer:
         now_s = self._clock()
         if deadline_s <= now_s:
             raise DeadlineExceeded("deadline passed before the request was queued")
-        if self.queued_requests >= self.config.max_queued_requests:
-            self.counters.num_rejected += 1
-            raise Overloaded(f"model {self.model_name!r} has {self.queued_requests} requests "
-                             f"queued (limit {self.config.max_queued_requests})")
+        self._admit_by_count(num_samples, now_s)
         if self._loop is None:
             raise RuntimeError("ModelBalancer.start() was not called")
         future: asyncio.Future[Any] = self._loop.create_future()
+        job = Job(payload, num_samples, now_s, deadline_s, future, level)
+        replica, finish_s = self._route(job, now_s)
+        self._admit_in_time(replica, num_samples, now_s, finish_s, deadline_s)
+        if self.config.policy is Policy.LEAST_WORK:
+            # The router is the only source of work for a replica's queue: a partial batch the
+            # router just passed over will not fill, so it should not keep waiting.
+            for other in self.replicas:
+                if other.forming and other is not replica:
+                    other.close_forming_batch()
         self._in_system += 1
         future.add_done_callback(self._leave_system)
-        job = Job(payload, num_samples, now_s, deadline_s, future, level)
-        replica = self._route(job, now_s)
         replica.note_arrival(num_samples, now_s)
         replica.queue.push(job)
         return future
+
+    def _admit_by_count(self, num_samples: int, now_s: float) -> None:
+        config, counters = self.config, self.counters
+        if self._over_count_bound(num_samples):
+            for queue in self._queues:  # cancelled and expired requests give their slots back
+                queue.purge(now_s)
+        queued = self.queued_requests
+        if queued >= config.max_queued_requests:
+            counters.rejected["queue_full"] += 1
+            raise Overloaded(f"model {self.model_name!r} has {queued} requests queued (limit "
+                             f"{config.max_queued_requests}, --max-queued-requests)")
+        if config.max_queued_samples is not None:
+            samples = sum(queue.num_samples for queue in self._queues)
+            if samples + num_samples > config.max_queued_samples:
+                counters.rejected["queue_full"] += 1
+                raise Overloaded(f"model {self.model_name!r} has {samples} samples queued; "
+                                 f"{num_samples} more exceed the limit of "
+                                 f"{config.max_queued_samples} (--max-queue-samples)")
+
+    def _over_count_bound(self, num_samples: int) -> bool:
+        config = self.config
+        if self.queued_requests >= config.max_queued_requests:
+            return True
+        return config.max_queued_samples is not None and num_samples + sum(
+            queue.num_samples for queue in self._queues) > config.max_queued_samples
+
+    def _admit_in_time(self, replica: Replica, num_samples: int, now_s: float, finish_s: float,
+                       deadline_s: float) -> None:
+        """Refuse now what the latency model predicts cannot finish in time (Nexus-style early
+        drop), rather than queue it to time out later. A replica that has not measured a batch
+        yet has no prediction (infinite work): it is given the benefit of the doubt, within
+        the count bounds, until its first batch is measured."""
+        config, counters = self.config, self.counters
+        if not math.isfinite(finish_s):
+            return
+        if now_s + finish_s > deadline_s:
+            counters.rejected["deadline"] += 1
+            raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
+                             f"{finish_s * 1e3:.0f} ms, after the request's deadline "
+                             f"({(deadline_s - now_s) * 1e3:.0f} ms from now)")
+        if config.max_queue_delay_s is not None:
+            wait_s = finish_s - replica.estimator.predict_s(
+                max(num_samples, replica.controller.batch_size))
+            if wait_s > config.max_queue_delay_s:
+                counters.rejected["queue_delay"] += 1
+                raise Overloaded(f"model {self.model_name!r} is predicted to queue the request "
+                                 f"for {wait_s * 1e3:.0f} ms, over the queueing budget of "
+                                 f"{config.max_queue_delay_s * 1e3:.0f} ms")
+        elif finish_s > config.latency_target_s:
+            counters.rejected["latency_target"] += 1
+            raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
+                             f"{finish_s * 1e3:.0f} ms, over its latency target of "
+                             f"{config.latency_target_s * 1e3:.0f} ms")
 
     def _leave_system(self, _: asyncio.Future[Any]) -> None:
         self._in_system -= 1
@@ -158,26 +226,30 @@ class ModelBalancer:
         """Whether any admitted request is outside ``replica``'s forming batch."""
         return self._in_system > len(replica.queue)
 
-    def _route(self, job: Job, now_s: float) -> Replica:
+    def _route(self, job: Job, now_s: float) -> tuple[Replica, float]:
+        """The replica for ``job`` and the seconds until it is predicted to finish there."""
         replicas = self.replicas
-        if len(replicas) == 1:
-            return replicas[0]
+        num_samples = job.num_samples
         policy = self.config.policy
+        if len(replicas) == 1:
+            return replicas[0], replicas[0].load(now_s).work_s(num_samples)
         if policy is Policy.LEAST_WORK:
             loads = [replica.load(now_s) for replica in replicas]
-            chosen = replicas[choose_least_work(loads, job.num_samples, self._rng)]
-            # The router is the only source of work for a replica's queue: a partial batch the
-            # router just passed over will not fill, so it should not keep waiting.
-            for replica in replicas:
-                if replica.forming and replica is not chosen:
-                    replica.close_forming_batch()
-            return chosen
+            index = choose_least_work(loads, num_samples, self._rng)
+            return replicas[index], loads[index].work_s(num_samples)
         if policy is Policy.POW2:
             loads = [replica.load(now_s) for replica in replicas]
-            return replicas[choose_pow2(loads, self._rng)]
+            index = choose_pow2(loads, self._rng)
+            return replicas[index], loads[index].work_s(num_samples)
         if policy is Policy.ROUND_ROBIN:
-            return replicas[next(self._round_robin)]
-        return replicas[0]  # shared-queue: every replica reads the same queue
+            chosen = replicas[next(self._round_robin)]
+            return chosen, chosen.load(now_s).work_s(num_samples)
+        # shared-queue: every replica reads the same queue, so it drains at their summed rate
+        loads = [replica.load(now_s) for replica in replicas]
+        rate = sum(load.batch_size / (load.base_s + load.per_sample_s * load.batch_size)
+                   for load in loads)
+        queued = loads[0].queued_samples + num_samples
+        return replicas[0], min(load.running_remaining_s for load in loads) + queued / rate
 
     def _steal_for(self, thief: Replica) -> None:
         """Move queued jobs to ``thief`` from the busiest replicas first, while each would
@@ -219,5 +291,7 @@ class ModelBalancer:
             model_name=self.model_name, policy=config.policy.value,
             batch_policy="adaptive" if config.adaptive_batching else "fixed",
             latency_target_s=config.latency_target_s, queued_requests=self.queued_requests,
-            num_rejected=self.counters.num_rejected,
+            num_rejected=sum(self.counters.rejected.values()),
+            rejected_by_reason=dict(self.counters.rejected),
+            dropped_by_reason=dict(self.counters.dropped),
             replicas=tuple(replica.snapshot(now_s) for replica in self.replicas))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 
 from evenflow.balancer.errors import DeadlineExceeded
@@ -20,10 +20,11 @@ class JobQueue:
     dropped when a batch is taken, never run: the deadline ones fail with ``DeadlineExceeded``.
     """
 
-    def __init__(self, levels: int = 1) -> None:
+    def __init__(self, levels: int = 1, dropped: Counter[str] | None = None) -> None:
         if levels < 1:
             raise ValueError(f"a queue needs at least one priority level, not {levels}")
         self._levels: list[deque[Job]] = [deque() for _ in range(levels)]
+        self._dropped: Counter[str] = Counter() if dropped is None else dropped
         self._count = 0
         self.num_samples = 0
         self._waiters: list[asyncio.Future[None]] = []
@@ -64,13 +65,8 @@ class JobQueue:
         for jobs in self._levels:
             while jobs:
                 job = jobs[0]
-                if job.future.done():
+                if self._dead(job, now_s):
                     self._drop_front(jobs)
-                    continue
-                if job.deadline_s <= now_s:
-                    self._drop_front(jobs)
-                    job.future.set_exception(DeadlineExceeded(
-                        f"deadline passed after {now_s - job.arrival_s:.3f} s in the queue"))
                     continue
                 if batch and total + job.num_samples > max_samples:
                     return batch
@@ -80,6 +76,34 @@ class JobQueue:
                 if total >= max_samples:
                     return batch
         return batch
+
+    def purge(self, now_s: float) -> None:
+        """Drop every job whose caller went away or whose deadline passed, wherever it is in
+        the queue (admission calls this at its bound, so a cancelled call frees its slot)."""
+        for index, jobs in enumerate(self._levels):
+            live: deque[Job] = deque()
+            for job in jobs:
+                if self._dead(job, now_s):
+                    self._count -= 1
+                    self.num_samples -= job.num_samples
+                else:
+                    live.append(job)
+            self._levels[index] = live
+
+    def _dead(self, job: Job, now_s: float) -> bool:
+        """Whether ``job`` must not run (the caller is about to drop it from the queue): its
+        caller went away, or its deadline passed (then it fails with DeadlineExceeded)."""
+        future = job.future
+        if future.done():
+            if future.cancelled():
+                self._dropped["cancelled"] += 1
+            return True
+        if job.deadline_s <= now_s:
+            self._dropped["deadline"] += 1
+            future.set_exception(DeadlineExceeded(
+                f"deadline passed after {now_s - job.arrival_s:.3f} s in the queue"))
+            return True
+        return False
 
     def _drop_front(self, jobs: deque[Job]) -> None:
         job = jobs.popleft()

@@ -42,6 +42,12 @@ class DurationStat:
         self.total_s += seconds
 
 
+# Why admission refused a request: a count bound, its own deadline (predicted to finish after
+# it), the latency target or the queueing budget (predicted to wait too long).
+REJECT_REASONS = ("queue_full", "deadline", "latency_target", "queue_delay")
+# Why an admitted request never ran: its deadline passed in the queue, or its caller went away.
+DROP_REASONS = ("deadline", "cancelled")
+
 # Upper bounds (seconds) of the request-latency histogram's buckets: fine around the usual
 # latency targets (10-100 ms), coarse in the tail; anything above the last goes to +Inf.
 LATENCY_BUCKETS_S = (
@@ -96,7 +102,11 @@ class ModelCounters:
     inference_count: int = 0
     execution_count: int = 0
     last_inference_s: float = 0.0  # wall clock (time.time) of the last finished batch
-    num_rejected: int = 0
+    # Requests refused at admission, by reason: queue_full (a count bound), deadline (predicted
+    # to finish after its own deadline), latency_target / queue_delay (over the time budget).
+    rejected: Counter[str] = field(default_factory=Counter)
+    # Admitted requests that never ran, by reason: deadline (passed in the queue), cancelled.
+    dropped: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
     def record_batch(self, num_samples: int, timing: BatchTiming) -> None:
@@ -141,6 +151,8 @@ class BalancerSnapshot:
     queued_requests: int
     num_rejected: int
     replicas: tuple[ReplicaSnapshot, ...]
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class ReplicaCounters:

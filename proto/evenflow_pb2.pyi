@@ -76,7 +76,21 @@ class PipelineStage(_message.Message):
     def __init__(self, device: _Optional[str] = ..., first_layer: _Optional[int] = ..., last_layer: _Optional[int] = ..., planned_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., memory_bytes: _Optional[int] = ...) -> None: ...
 
 class ModelBalancerStats(_message.Message):
-    __slots__ = ("model_name", "policy", "batch_policy", "latency_target_s", "replicas", "queued_requests", "num_rejected")
+    __slots__ = ("model_name", "policy", "batch_policy", "latency_target_s", "replicas", "queued_requests", "num_rejected", "rejected_by_reason", "dropped_by_reason")
+    class RejectedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class DroppedByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     BATCH_POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +98,8 @@ class ModelBalancerStats(_message.Message):
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     NUM_REJECTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     policy: str
     batch_policy: str
@@ -91,7 +107,9 @@ class ModelBalancerStats(_message.Message):
     replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStats]
     queued_requests: int
     num_rejected: int
-    def __init__(self, model_name: _Optional[str] = ..., policy: _Optional[str] = ..., batch_policy: _Optional[str] = ..., latency_target_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., num_rejected: _Optional[int] = ...) -> None: ...
+    rejected_by_reason: _containers.ScalarMap[str, int]
+    dropped_by_reason: _containers.ScalarMap[str, int]
+    def __init__(self, model_name: _Optional[str] = ..., policy: _Optional[str] = ..., batch_policy: _Optional[str] = ..., latency_target_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., num_rejected: _Optional[int] = ..., rejected_by_reason: _Optional[_Mapping[str, int]] = ..., dropped_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DeviceStats(_message.Message):
     __slots__ = ("name", "utilization", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "throttle_reasons", "temperature_c")

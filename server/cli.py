@@ -93,7 +93,13 @@ FLAGS: dict[str, list[Flag]] = {
         Flag("--latency-target-ms", "balancing.latency_target_ms",
              "per-request latency the batch sizes aim for", float),
         Flag("--max-queued-requests", "balancing.max_queued_requests",
-             "admission bound per model; beyond it RESOURCE_EXHAUSTED", int),
+             "admission bound per model, in requests; beyond it RESOURCE_EXHAUSTED", int),
+        Flag("--max-queue-samples", "balancing.max_queued_samples",
+             "admission bound per model, in samples (default: none)", int),
+        Flag("--max-queue-delay-ms", "balancing.max_queue_delay_ms",
+             "refuse at once a request predicted to wait longer than this for its batch "
+             "(default: refuse one predicted to finish past the latency target; inf: only "
+             "past its own deadline)", float),
         Flag("--no-work-stealing", "balancing.work_stealing",
              "least-work without moving queued work to idle replicas", const=False),
         Flag("--priority-levels", "balancing.priority_levels",

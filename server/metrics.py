@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client.metrics_core import Metric
 
 from evenflow.balancer import ReplicaSnapshot
+from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS
 from evenflow.server.prometheus import MetricFamily, histogram
 from evenflow.server.served import MODEL_VERSION, ServedModel
 from evenflow.server.telemetry import GpuSample
@@ -91,7 +92,10 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
                       "Cumulative time requests spent copying outputs out"), "compute_output"),
     ]
     rejected = MetricFamily("evenflow_rejected_requests_total", "counter",
-                            "Requests refused by admission (queue limit reached)")
+                            "Requests refused at admission, by reason (queue_full, deadline, "
+                            "latency_target, queue_delay)")
+    dropped = MetricFamily("evenflow_dropped_requests_total", "counter",
+                           "Admitted requests that never ran, by reason (deadline, cancelled)")
     target = MetricFamily("evenflow_latency_target_seconds", "gauge",
                           "Latency target the batch-size controllers aim for")
     replica_families = [(MetricFamily(name, kind, text), value)
@@ -109,7 +113,12 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
         pending.add(snapshot.queued_requests, **labels)
         for family, attribute in durations:
             family.add(getattr(counters, attribute).total_s * _US, **labels)
-        rejected.add(snapshot.num_rejected, model=model.name)
+        for reason in REJECT_REASONS:  # every reason, zeros included, so rates start at 0
+            rejected.add(snapshot.rejected_by_reason.get(reason, 0), model=model.name,
+                         reason=reason)
+        for reason in DROP_REASONS:
+            dropped.add(snapshot.dropped_by_reason.get(reason, 0), model=model.name,
+                        reason=reason)
         target.add(snapshot.latency_target_s, model=model.name)
         for replica in snapshot.replicas:
             replica_labels = {"model": model.name, "replica": replica.name,
@@ -125,7 +134,7 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
         [([m.name, MODEL_VERSION], m.balancer.counters.latency.cumulative(),
           m.balancer.counters.latency.total_s) for m in models])
     return [success, failure, count, exec_count, pending, *(f for f, _ in durations), latency,
-            rejected, target, *(f for f, _ in replica_families), batch_sizes]
+            rejected, dropped, target, *(f for f, _ in replica_families), batch_sizes]
 
 
 def _failure_family(failures: Mapping[tuple[str, str], int]) -> MetricFamily:

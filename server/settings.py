@@ -11,7 +11,8 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
     [security]   admin, allow_any_model_source
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
     [balancing]  the defaults of every model: policy, batch_policy, max_batch, max_wait_ms,
-                 latency_target_ms, max_queued_requests, work_stealing, priority_levels,
+                 latency_target_ms, max_queued_requests, max_queued_samples,
+                 max_queue_delay_ms, work_stealing, priority_levels,
                  default_priority_level, pipeline_stages, pipeline_partition, repartition
     [models.NAME] source (required), load, inputs, outputs, and any [balancing] key
 """
@@ -102,6 +103,8 @@ class BalancingSection(_Section):
     max_wait_ms: NonNegativeFloat | None = None
     latency_target_ms: PositiveFloat | None = None
     max_queued_requests: Positive | None = None
+    max_queued_samples: Positive | None = None
+    max_queue_delay_ms: NonNegativeFloat | None = None
     work_stealing: bool | None = None
     priority_levels: Annotated[int, Field(ge=1, le=64)] | None = None
     default_priority_level: Positive | None = None
@@ -280,6 +283,9 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                       "max_wait_ms": round(balancer.max_wait_s * 1000.0, 6),
                       "latency_target_ms": round(balancer.latency_target_s * 1000.0, 6),
                       "max_queued_requests": balancer.max_queued_requests,
+                      "max_queued_samples": balancer.max_queued_samples,
+                      "max_queue_delay_ms": None if balancer.max_queue_delay_s is None
+                      else balancer.max_queue_delay_s * 1000.0,
                       "work_stealing": balancer.work_stealing,
                       "priority_levels": balancer.priority_levels,
                       "default_priority_level": balancer.default_priority_level,
@@ -360,6 +366,9 @@ def _balancer(section: BalancingSection, base: BalancerConfig) -> BalancerConfig
         latency_target_s=section.latency_target_ms / 1000.0
         if section.latency_target_ms is not None else None,
         max_queued_requests=section.max_queued_requests,
+        max_queued_samples=section.max_queued_samples,
+        max_queue_delay_s=section.max_queue_delay_ms / 1000.0
+        if section.max_queue_delay_ms is not None else None,
         work_stealing=section.work_stealing, priority_levels=section.priority_levels,
         default_priority_level=section.default_priority_level))
 

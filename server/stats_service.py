@@ -48,7 +48,8 @@ class StatsServicer(ef_grpc.EvenflowStatsServicer):
             response.models.append(ef.ModelBalancerStats(
                 model_name=snap.model_name, policy=snap.policy, batch_policy=snap.batch_policy,
                 latency_target_s=snap.latency_target_s, queued_requests=snap.queued_requests,
-                num_rejected=snap.num_rejected,
+                num_rejected=snap.num_rejected, rejected_by_reason=snap.rejected_by_reason,
+                dropped_by_reason=snap.dropped_by_reason,
                 replicas=[_replica(r) for r in snap.replicas]))
         for gpu in self._gpu_samples():
             response.devices.append(ef.DeviceStats(

@@ -124,7 +124,7 @@ async def test_admission_rejects_expired_oversize_and_overload(make_balancer,
     balancer.submit("q2", 1)
     with pytest.raises(Overloaded):
         balancer.submit("q3", 1)
-    assert balancer.counters.num_rejected == 1
+    assert balancer.counters.rejected == {"queue_full": 1}
 
 
 async def test_model_failure_fails_only_its_batch(make_balancer) -> None:
@@ -332,3 +332,67 @@ def test_priorities_outside_the_levels_are_refused() -> None:
         config.level_of(3)
     with pytest.raises(ValueError, match="default_priority_level 3"):
         BalancerConfig(priority_levels=2, default_priority_level=3)
+
+
+async def measured_balancer(make_balancer: Callable[..., ModelBalancer], **overrides: object
+                            ) -> tuple[ModelBalancer, FakeWorker]:
+    """One gated replica that has measured a batch (so admission has a prediction)."""
+    worker = FakeWorker("w", base_s=0.010, per_sample_s=0.001, gated=True)
+    balancer = make_balancer([worker], max_batch=4, adaptive_batching=False, **overrides)
+    first = balancer.submit("warm", 1)
+    await settle()
+    worker.release()
+    await first
+    return balancer, worker
+
+
+async def test_admission_refuses_what_is_predicted_to_miss_the_latency_target(
+        make_balancer: Callable[..., ModelBalancer], clock: FakeClock) -> None:
+    balancer, _ = await measured_balancer(make_balancer, latency_target_s=0.05)
+    replica = balancer.replicas[0]
+    admitted = 0
+    with pytest.raises(Overloaded, match="over its latency target of 50 ms"):
+        for _ in range(100):
+            predicted_s = replica.load(clock()).work_s(1)
+            balancer.submit("q", 1)
+            admitted += 1
+            assert predicted_s <= 0.05
+    assert replica.load(clock()).work_s(1) > 0.05  # the refused one would have been late
+    assert admitted >= 4  # at least a batch's worth fits in the target
+    assert balancer.counters.rejected == {"latency_target": 1}
+
+
+async def test_admission_refuses_what_is_predicted_to_miss_its_own_deadline(
+        make_balancer: Callable[..., ModelBalancer], clock: FakeClock) -> None:
+    balancer, _ = await measured_balancer(make_balancer, max_queue_delay_s=math.inf)
+    balancer.submit("running", 1)
+    await settle()
+    predicted_s = balancer.replicas[0].load(clock()).work_s(1)
+    with pytest.raises(Overloaded, match="after the request's deadline"):
+        balancer.submit("late", 1, deadline_s=clock() + 0.9 * predicted_s)
+    balancer.submit("in time", 1, deadline_s=clock() + 1.1 * predicted_s)
+    assert balancer.counters.rejected == {"deadline": 1}
+
+
+async def test_a_queueing_budget_refuses_requests_that_would_wait_too_long(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    balancer, _ = await measured_balancer(make_balancer, max_queue_delay_s=0.0)
+    balancer.submit("starts at once", 1)  # an idle replica: no wait
+    await settle()
+    with pytest.raises(Overloaded, match="over the queueing budget of 0 ms"):
+        balancer.submit("would wait behind it", 1)
+    assert balancer.counters.rejected == {"queue_delay": 1}
+
+
+async def test_a_cancelled_request_gives_its_queue_slot_back(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], max_queued_requests=2, max_queue_delay_s=math.inf)
+    balancer.submit("running", 1)
+    await settle()
+    queued = [balancer.submit("q1", 1), balancer.submit("q2", 1)]
+    queued[0].cancel()
+    balancer.submit("takes q1's slot", 1)
+    assert balancer.counters.dropped == {"cancelled": 1}
+    with pytest.raises(Overloaded, match="limit 2"):
+        balancer.submit("no slot left", 1)
