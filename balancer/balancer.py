@@ -232,18 +232,18 @@ class ModelBalancer:
         num_samples = job.num_samples
         policy = self.config.policy
         if len(replicas) == 1:
-            return replicas[0], replicas[0].load(now_s).work_s(num_samples)
+            return replicas[0], replicas[0].load(now_s).finish_s(num_samples)
         if policy is Policy.LEAST_WORK:
             loads = [replica.load(now_s) for replica in replicas]
             index = choose_least_work(loads, num_samples, self._rng)
-            return replicas[index], loads[index].work_s(num_samples)
+            return replicas[index], loads[index].finish_s(num_samples)
         if policy is Policy.POW2:
             loads = [replica.load(now_s) for replica in replicas]
             index = choose_pow2(loads, self._rng)
-            return replicas[index], loads[index].work_s(num_samples)
+            return replicas[index], loads[index].finish_s(num_samples)
         if policy is Policy.ROUND_ROBIN:
             chosen = replicas[next(self._round_robin)]
-            return chosen, chosen.load(now_s).work_s(num_samples)
+            return chosen, chosen.load(now_s).finish_s(num_samples)
         # shared-queue: every replica reads the same queue, so it drains at their summed rate
         loads = [replica.load(now_s) for replica in replicas]
         rate = sum(load.batch_size / (load.base_s + load.per_sample_s * load.batch_size)
