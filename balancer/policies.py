@@ -36,15 +36,6 @@ class ReplicaLoad:
     arrival_rate_per_s: float = 0.0  # samples recently routed here per second
     cold: bool = False  # no batch measured yet: its a and c are only the prior
 
-    def finish_s(self, extra_samples: int) -> float:
-        """Seconds until ``extra_samples`` appended now would be answered, counting only the
-        work already here (no expected joiners): what admission checks against a budget."""
-        if self.cold and (self.running_requests or self.queued_samples):
-            return math.inf
-        samples = self.queued_samples + extra_samples
-        return (self.running_remaining_s + math.ceil(samples / self.batch_size) * self.base_s
-                + samples * self.per_sample_s)
-
     def work_s(self, extra_samples: int = 0) -> float:
         """Seconds until this replica has finished everything it holds, plus ``extra_samples``
         appended to its queue: the running batch's remainder, then the queue in batches.

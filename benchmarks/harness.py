@@ -86,12 +86,13 @@ def start(argv: list[str], log_path: Path, timeout_s: float = 120.0) -> Server:
     raise RuntimeError(f"{argv} did not start; log: {log_path}")
 
 
-def evenflow_argv(*args: str) -> list[str]:
-    """``evenflow serve`` on a free port. Admission by time is off (``--max-queue-delay-ms
-    inf``): these benchmarks drive closed loops past what the latency target allows to measure
-    capacity, and perf_analyzer stops at the first refusal. ``args`` may turn it back on."""
+def evenflow_argv(*args: str, time_admission: bool = False) -> list[str]:
+    """``evenflow serve`` on a free port. Unless ``time_admission``, admission by time is off
+    (``--max-queue-delay-ms inf``): most benchmarks drive closed loops past what the latency
+    target allows to measure capacity, and perf_analyzer stops at the first refusal."""
+    off = () if time_admission else ("--max-queue-delay-ms", "inf")
     return [sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0",
-            "--log-level", "WARNING", "--max-queue-delay-ms", "inf", *args]
+            "--log-level", "WARNING", *off, *args]
 
 
 def perf_analyzer_binary() -> str:
