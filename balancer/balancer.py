@@ -20,13 +20,6 @@ from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.replica import Replica
 from evenflow.balancer.stats import BalancerSnapshot, ModelCounters
 
-
-# Under overload the queue sits at the admission bound, so accepted requests finish near it:
-# admitting only what is predicted within 90 % of the latency target leaves the rest for what
-# the device-time prediction does not see (transport, scheduling, batch-time jitter).
-_ADMISSION_HEADROOM = 0.9
-
-
 @dataclass(frozen=True, slots=True)
 class BalancerConfig:
     """How one model's requests are admitted, routed and batched.
@@ -166,6 +159,8 @@ class ModelBalancer:
             for other in self.replicas:
                 if other.forming and other is not replica:
                     other.close_forming_batch()
+        if replica.estimator.fit.reliable:  # a prediction worth learning the error of
+            job.predicted_done_s = now_s + finish_s
         self._in_system += 1
         future.add_done_callback(self._leave_system)
         replica.note_arrival(num_samples, now_s)
@@ -206,7 +201,7 @@ class ModelBalancer:
         config, counters = self.config, self.counters
         if not math.isfinite(finish_s):
             return
-        if now_s + finish_s > deadline_s:
+        if now_s + finish_s + counters.lateness.margin_s > deadline_s:
             counters.rejected["deadline"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
                              f"{finish_s * 1e3:.0f} ms, after the request's deadline "
@@ -219,12 +214,12 @@ class ModelBalancer:
                 raise Overloaded(f"model {self.model_name!r} is predicted to queue the request "
                                  f"for {wait_s * 1e3:.0f} ms, over the queueing budget of "
                                  f"{config.max_queue_delay_s * 1e3:.0f} ms")
-        elif finish_s > _ADMISSION_HEADROOM * config.latency_target_s:
+        elif finish_s + counters.lateness.margin_s > config.latency_target_s:
             counters.rejected["latency_target"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
-                             f"{finish_s * 1e3:.0f} ms; with its latency target of "
-                             f"{config.latency_target_s * 1e3:.0f} ms it admits requests "
-                             f"predicted within {_ADMISSION_HEADROOM:.0%} of it")
+                             f"{finish_s * 1e3:.0f} ms (+{counters.lateness.margin_s * 1e3:.0f} "
+                             "ms of measured lateness), over its latency target of "
+                             f"{config.latency_target_s * 1e3:.0f} ms")
 
     def _leave_system(self, _: asyncio.Future[Any]) -> None:
         self._in_system -= 1

@@ -4,6 +4,7 @@ small protocols (worker, clock) that the balancer drives."""
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ class Job:
     deadline_s: float
     future: asyncio.Future[Any]
     level: int = 0
+    predicted_done_s: float = math.inf  # when admission predicted it would be answered
 
 
 @dataclass(frozen=True, slots=True)

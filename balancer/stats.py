@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +80,30 @@ class LatencyHistogram:
         return buckets
 
 
+class Lateness:
+    """How much later than predicted admitted requests were answered: the high quantile of a
+    sliding window, refreshed once per batch. Admission adds it to a prediction, so the margin
+    it keeps is what the device-time model misses here (batch joiners, thread hand-offs, a busy
+    loop), learned rather than guessed."""
+
+    __slots__ = ("_quantile", "_recent", "margin_s")
+
+    def __init__(self, window: int = 512, quantile: float = 0.99) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+        self._quantile = quantile
+        self.margin_s = 0.0
+
+    def add(self, late_s: float) -> None:
+        if late_s > -math.inf:  # admitted without a prediction (a cold replica): nothing to learn
+            self._recent.append(late_s)
+
+    def refresh(self) -> None:
+        if self._recent:
+            ordered = sorted(self._recent)
+            index = min(len(ordered) - 1, int(self._quantile * len(ordered)))
+            self.margin_s = max(0.0, ordered[index])
+
+
 @dataclass(slots=True)
 class BatchSizeStat:
     """Triton's per-batch-size statistics: how often each size ran and its phase times."""
@@ -108,6 +133,7 @@ class ModelCounters:
     # Admitted requests that never ran, by reason: deadline (passed in the queue), cancelled.
     dropped: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    lateness: Lateness = field(default_factory=Lateness)
 
     def record_batch(self, num_samples: int, timing: BatchTiming) -> None:
         stat = self.batches.get(num_samples)

@@ -108,9 +108,10 @@ async def closed_loop(config: BalancerConfig, speeds: Sequence[float], concurren
 
 async def open_loop(config: BalancerConfig, speeds: Sequence[float], rate_per_s: float,
                     warmup_s: float, seconds: float, seed: int) -> list[float]:
-    """Latencies (s) of Poisson arrivals at ``rate_per_s`` after a warm-up under the same load."""
+    """Latencies (s) of Poisson arrivals at ``rate_per_s`` after a warm-up under the same load.
+    Admission by time is off: this compares routing, and every request must be served."""
     loop = asyncio.get_running_loop()
-    balancer = make_balancer(config, speeds)
+    balancer = make_balancer(replace(config, max_queue_delay_s=math.inf), speeds)
     rng = random.Random(seed)
     latencies_s: list[float] = []
     pending: list[asyncio.Future[object]] = []

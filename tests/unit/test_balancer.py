@@ -351,13 +351,13 @@ async def test_admission_refuses_what_is_predicted_to_miss_the_latency_target(
     balancer, _ = await measured_balancer(make_balancer, latency_target_s=0.05)
     replica = balancer.replicas[0]
     admitted = 0
-    with pytest.raises(Overloaded, match="within 90% of it"):
+    with pytest.raises(Overloaded, match="over its latency target of 50 ms"):
         for _ in range(100):
             predicted_s = replica.load(clock()).work_s(1)
             balancer.submit("q", 1)
             admitted += 1
-            assert predicted_s <= 0.9 * 0.05
-    assert replica.load(clock()).work_s(1) > 0.9 * 0.05  # the refused one: too close to late
+            assert predicted_s <= 0.05
+    assert replica.load(clock()).work_s(1) > 0.05  # the refused one would have been late
     assert admitted >= 4  # at least a batch's worth fits in the target
     assert balancer.counters.rejected == {"latency_target": 1}
 
