@@ -20,6 +20,7 @@ from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.replica import Replica
 from evenflow.balancer.stats import BalancerSnapshot, ModelCounters
 
+
 @dataclass(frozen=True, slots=True)
 class BalancerConfig:
     """How one model's requests are admitted, routed and batched.
