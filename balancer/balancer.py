@@ -131,6 +131,11 @@ class ModelBalancer:
             replica.start()
 
     @property
+    def admitted_requests(self) -> int:
+        """Admitted requests not answered yet (queued or running)."""
+        return self._in_system
+
+    @property
     def queued_requests(self) -> int:
         return sum(len(queue) for queue in self._queues)
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from evenflow.balancer.controller import BatchSizeController
-from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory
+from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory, ShuttingDown
 from evenflow.balancer.estimator import LatencyModel
 from evenflow.balancer.job import BatchResult, Clock, Job, Worker
 from evenflow.balancer.policies import ReplicaLoad
@@ -217,6 +217,9 @@ class Replica:
             logger.exception("%s: worker raised", self.name)
             self._fail(jobs, BatchFailed(f"{type(exc).__name__}: {exc}"))
             return
+        except asyncio.CancelledError:  # stopped with the batch in flight: answer, never drop
+            self._fail(jobs, ShuttingDown(f"{self.name} stopped while running the batch"))
+            raise
         finally:
             self._running_requests -= len(jobs)
             if not self._running_requests:

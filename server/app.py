@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from importlib.metadata import PackageNotFoundError, version
 
 import grpc
@@ -27,6 +28,13 @@ from evenflow.server.telemetry import NvmlSampler
 from evenflow.server.workers.devices import default_devices, parse_devices
 
 logger = logging.getLogger(__name__)
+
+# Once the models are closed, how long the gRPC server waits for handlers to send the answers
+# they already have, before it cancels what is left.
+_ANSWER_S = 5.0
+# Then how long without a refused call counts as quiet, and the most it lingers for that.
+_QUIET_S = 0.1
+_LINGER_MAX_S = 1.0
 
 _INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
@@ -103,24 +111,41 @@ class App:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
 
+    @staticmethod
+    async def _refuse_until_quiet(frontend: InferenceServicer) -> None:
+        """Keep answering new calls UNAVAILABLE until none came for a moment (bounded): calls
+        racing the closing port would otherwise be cancelled by gRPC rather than refused."""
+        deadline_s = time.monotonic() + _LINGER_MAX_S
+        while True:
+            now_s = time.monotonic()
+            quiet_s = now_s - frontend.last_refused_s
+            if quiet_s >= _QUIET_S or now_s >= deadline_s:
+                return
+            await asyncio.sleep(min(_QUIET_S - quiet_s, deadline_s - now_s))
+
     def _render_metrics(self) -> bytes:
         nvml = self._nvml
         failures = self._frontend.failures if self._frontend is not None else {}
         return render(collect(self.models, nvml.latest if nvml is not None else (), failures))
 
-    async def stop(self, grace_s: float | None = None) -> None:
-        """Stop accepting, let in-flight requests finish (up to the grace), then close the
-        balancers and workers. Idempotent."""
+    async def stop(self, grace_s: float | None = None,
+                   abort: asyncio.Event | None = None) -> None:
+        """Health NOT_SERVING and new calls refused (UNAVAILABLE) at once; admitted requests
+        get up to the grace (or until ``abort`` is set) to finish, then whatever is left fails
+        with UNAVAILABLE; then the workers close. Idempotent."""
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
-        if self._frontend is not None:
+        if self._frontend is not None:  # new inference calls hear UNAVAILABLE from here on
             self._frontend.ready = False
+            self._frontend.draining = True
         await self._health.enter_graceful_shutdown()
-        if self._server is not None:
-            await self._server.stop(grace_s)
-            self._server = None
         if self.manager is not None:
-            await self.manager.close(grace_s)
+            await self.manager.close(grace_s, abort)
             self.manager = None
+        if self._frontend is not None:
+            await self._refuse_until_quiet(self._frontend)
+        if self._server is not None:  # every admitted call has its answer; now close the port
+            await self._server.stop(_ANSWER_S)
+            self._server = None
         if self._nvml is not None:
             await self._nvml.close()
             self._nvml = None
@@ -130,12 +155,21 @@ class App:
 
 
 async def serve(config: ServerConfig) -> None:
-    """Run until SIGINT/SIGTERM, then drain and return."""
+    """Run until SIGINT/SIGTERM, then drain and return. A second signal ends the grace: what
+    is still running fails with UNAVAILABLE and the process exits."""
     app = App(config)
     stop = asyncio.Event()
+    abort = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            logger.warning("second signal: failing what is left with UNAVAILABLE")
+            abort.set()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
     try:
         port = await app.start()
         if config.metrics_port is not None:
@@ -145,6 +179,6 @@ async def serve(config: ServerConfig) -> None:
         await stop.wait()
         logger.info("signal received: draining")
     finally:
-        await app.stop()
+        await app.stop(abort=abort)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest
+from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest, ShuttingDown
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec
@@ -48,9 +48,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._metadata = pb.ServerMetadataResponse(name=server_name, version=server_version,
                                                    extensions=EXTENSIONS)
         self.ready = False
+        self.draining = False  # shutting down: new inference calls hear UNAVAILABLE
+        self.last_refused_s = 0.0  # when draining last refused a call
 
     async def _infer(self, request: pb.ModelInferRequest | Undecodable,
                      deadline_s: float) -> pb.ModelInferResponse:
+        if self.draining:
+            self.last_refused_s = time.monotonic()
+            raise ShuttingDown("the server is shutting down; send to another replica")
         if isinstance(request, Undecodable):
             raise InvalidRequest(request.reason)
         model = self._models.get(request.model_name, request.model_version)

@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -84,13 +85,25 @@ def build_workers(name: str, definition: ModelDefinition, devices: list[DeviceSp
     return workers
 
 
-async def close_model(model: ServedModel, grace_s: float) -> None:
-    """Let the model's admitted requests finish (up to ``grace_s``), then stop its replicas and
-    workers; whatever is still queued then fails with UNAVAILABLE."""
-    try:
-        await asyncio.wait_for(model.balancer.drain(), timeout=grace_s)
-    except TimeoutError:
-        logger.warning("model %s did not drain within %.1f s", model.name, grace_s)
+async def close_model(model: ServedModel, grace_s: float,
+                      abort: asyncio.Event | None = None) -> None:
+    """Let the model's admitted requests finish (up to ``grace_s``, or until ``abort`` is set),
+    then stop its replicas and workers; whatever is still queued or running then fails with
+    UNAVAILABLE, so every admitted request is answered."""
+    drain = asyncio.ensure_future(model.balancer.drain())
+    waits: set[asyncio.Future[Any]] = {drain}
+    if abort is not None:
+        waits.add(asyncio.ensure_future(abort.wait()))
+    done, pending = await asyncio.wait(waits, timeout=grace_s,
+                                       return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    if drain not in done:
+        left = model.balancer.admitted_requests
+        logger.warning("model %s: %s; failing %d requests with UNAVAILABLE", model.name,
+                       "shutdown forced" if abort is not None and abort.is_set()
+                       else f"not drained within {grace_s:.1f} s", left)
     await model.balancer.close()
     for replica in model.balancer.replicas:
         await replica.worker.close()
@@ -149,10 +162,13 @@ class ModelManager:
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
             logger.info("model %s unloaded", name)
 
-    async def close(self, grace_s: float) -> None:
-        """Drain and close every model (server shutdown)."""
-        models = [m for m in (self._table.pop(m.name) for m in self._table) if m is not None]
-        await asyncio.gather(*(close_model(m, grace_s) for m in models))
+    async def close(self, grace_s: float, abort: asyncio.Event | None = None) -> None:
+        """Drain and close every model (server shutdown); see ``close_model``. The models stay
+        in the table meanwhile, so a late request hears UNAVAILABLE, not NOT_FOUND."""
+        models = list(self._table)
+        await asyncio.gather(*(close_model(m, grace_s, abort) for m in models))
+        for model in models:
+            self._table.pop(model.name)
 
     def _entry_for_load(self, name: str, source: str | None) -> ModelEntry:
         entry = self._entries.get(name)

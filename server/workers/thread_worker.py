@@ -51,13 +51,18 @@ class ThreadWorker:
         self._inbox.put((jobs, future, loop))
         return await future
 
-    async def close(self) -> None:
-        """Finish the batch in hand, then stop the thread. Idempotent."""
+    async def close(self, timeout_s: float = 10.0) -> None:
+        """Finish the batch in hand, then stop the thread. A thread still busy after
+        ``timeout_s`` (a hung device) is abandoned: it is a daemon, so it cannot hold the
+        process. Idempotent."""
         if self._closed:
             return
         self._closed = True
         self._inbox.put(_STOP)
-        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._thread.join, timeout_s)
+        if self._thread.is_alive():
+            logger.warning("worker %s did not stop within %.0f s; abandoning its thread",
+                           self._name, timeout_s)
 
     def _thread_main(self) -> None:
         with self._thread_main_context():

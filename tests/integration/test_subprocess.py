@@ -25,7 +25,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def mlp_server(server_factory):  # type: ignore[no-untyped-def]
-    return server_factory("--model", "mlp", "--devices", "cpu", "--max-wait-ms", "0")
+    # Compatibility, not admission: no time bound that a loaded machine could trip.
+    return server_factory("--model", "mlp", "--devices", "cpu", "--max-wait-ms", "0",
+                          "--max-queue-delay-ms", "inf")
 
 
 def test_tritonclient_calls_evenflow_unchanged(mlp_server, tmp_path: Path) -> None:
