@@ -10,7 +10,9 @@ from evenflow.client._codec import (
     numpy_dtype,
 )
 from evenflow.client._sync import Client
+from evenflow.client.credentials import Credentials
 from evenflow.client.errors import (
+    AuthenticationError,
     DeadlineExceededError,
     InferenceServerError,
     InvalidInputError,
@@ -21,8 +23,8 @@ from evenflow.client.errors import (
 )
 
 __all__ = [
-    "AsyncClient", "ChannelOptions", "Client", "DeadlineExceededError", "InferenceServerError",
-    "InvalidInputError", "ModelMetadata", "ModelNotFoundError", "ServerInternalError",
-    "ServerOverloadedError", "ServerUnavailableError", "StreamResult", "TensorInfo",
-    "numpy_dtype",
+    "AsyncClient", "AuthenticationError", "ChannelOptions", "Client", "Credentials",
+    "DeadlineExceededError", "InferenceServerError", "InvalidInputError", "ModelMetadata",
+    "ModelNotFoundError", "ServerInternalError", "ServerOverloadedError",
+    "ServerUnavailableError", "StreamResult", "TensorInfo", "numpy_dtype",
 ]

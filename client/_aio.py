@@ -20,6 +20,7 @@ from evenflow.client._codec import (
     parse_response,
     parse_stream_response,
 )
+from evenflow.client.credentials import Credentials, aio_channel
 from evenflow.client.errors import from_rpc_error
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
@@ -43,9 +44,10 @@ class AsyncClient:
     """
 
     def __init__(self, url: str, *, options: ChannelOptions | None = None, retries: int = 2,
-                 retry_backoff_s: float = 0.05) -> None:
-        self._channel = grpc.aio.insecure_channel(
-            url, options=(options or ChannelOptions()).grpc_options())
+                 retry_backoff_s: float = 0.05,
+                 credentials: Credentials | None = None) -> None:
+        self._channel = aio_channel(url, (options or ChannelOptions()).grpc_options(), credentials)
+        self._metadata = credentials.metadata if credentials is not None else None
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._retries = retries
         self._retry_backoff_s = retry_backoff_s
@@ -65,7 +67,7 @@ class AsyncClient:
         delay_s = self._retry_backoff_s
         for attempt in range(self._retries + 1):
             try:
-                return await method(request, timeout=timeout_s)
+                return await method(request, timeout=timeout_s, metadata=self._metadata)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == self._retries:
                     raise from_rpc_error(exc) from exc
@@ -114,7 +116,8 @@ class AsyncClient:
                     yield build_request(model, item, outputs, str(index))
                     index += 1
 
-        call = self._stub.ModelStreamInfer(requests(), timeout=timeout_s)
+        call = self._stub.ModelStreamInfer(requests(), timeout=timeout_s,
+                                            metadata=self._metadata)
         try:
             async for response in call:
                 yield parse_stream_response(response)

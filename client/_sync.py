@@ -20,6 +20,7 @@ from evenflow.client._codec import (
     parse_response,
     parse_stream_response,
 )
+from evenflow.client.credentials import Credentials, sync_channel
 from evenflow.client.errors import from_rpc_error
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
@@ -37,9 +38,10 @@ class Client:
     """
 
     def __init__(self, url: str, *, options: ChannelOptions | None = None, retries: int = 2,
-                 retry_backoff_s: float = 0.05) -> None:
-        self._channel = grpc.insecure_channel(
-            url, options=(options or ChannelOptions()).grpc_options())
+                 retry_backoff_s: float = 0.05,
+                 credentials: Credentials | None = None) -> None:
+        self._channel = sync_channel(url, (options or ChannelOptions()).grpc_options(), credentials)
+        self._metadata = credentials.metadata if credentials is not None else None
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._retries = retries
         self._retry_backoff_s = retry_backoff_s
@@ -58,7 +60,7 @@ class Client:
         delay_s = self._retry_backoff_s
         for attempt in range(self._retries + 1):
             try:
-                return method(request, timeout=timeout_s)
+                return method(request, timeout=timeout_s, metadata=self._metadata)
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == self._retries:
                     raise from_rpc_error(exc) from exc
@@ -91,7 +93,8 @@ class Client:
                      timeout_s: float | None = None) -> Iterator[StreamResult]:
         """One ModelStreamInfer stream; request ``i`` gets id ``str(i)``."""
         requests = (build_request(model, item, outputs, str(i)) for i, item in enumerate(inputs))
-        call = self._stub.ModelStreamInfer(requests, timeout=timeout_s)
+        call = self._stub.ModelStreamInfer(requests, timeout=timeout_s,
+                                            metadata=self._metadata)
         try:
             for response in call:
                 yield parse_stream_response(response)

@@ -7,7 +7,8 @@ gRPC status code; subclasses name the common ones so callers can catch what they
     ├── DeadlineExceededError       DEADLINE_EXCEEDED
     ├── ServerOverloadedError       RESOURCE_EXHAUSTED
     ├── ServerUnavailableError      UNAVAILABLE (retried first, see Client)
-    └── ServerInternalError         INTERNAL (e.g. the model raised)
+    ├── ServerInternalError         INTERNAL (e.g. the model raised)
+    └── AuthenticationError         UNAUTHENTICATED (no or wrong token)
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ class ServerInternalError(InferenceServerError):
     pass
 
 
+class AuthenticationError(InferenceServerError):
+    pass
+
+
 _BY_CODE: dict[grpc.StatusCode, type[InferenceServerError]] = {
     grpc.StatusCode.NOT_FOUND: ModelNotFoundError,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidInputError,
@@ -53,6 +58,7 @@ _BY_CODE: dict[grpc.StatusCode, type[InferenceServerError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ServerOverloadedError,
     grpc.StatusCode.UNAVAILABLE: ServerUnavailableError,
     grpc.StatusCode.INTERNAL: ServerInternalError,
+    grpc.StatusCode.UNAUTHENTICATED: AuthenticationError,
 }
 
 

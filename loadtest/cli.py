@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evenflow.client.credentials import Credentials
 from evenflow.loadtest.compare import compare
 from evenflow.loadtest.inputs import build_request, fetch_metadata, generated_arrays, npz_arrays
 from evenflow.loadtest.progress import LiveView, Progress
@@ -48,6 +49,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=Path, help=".npz with one array per input name")
     p.add_argument("--procs", type=int, default=1, help="generator processes (default 1)")
     p.add_argument("--timeout-s", type=float, default=30.0, help="per-request deadline")
+    p.add_argument("--tls", action="store_true", help="connect over TLS (system roots unless "
+                                                      "--tls-ca)")
+    p.add_argument("--tls-ca", type=Path, help="PEM of the CA that signed the server's cert")
+    p.add_argument("--tls-cert", type=Path, help="client certificate (mutual TLS)")
+    p.add_argument("--tls-key", type=Path, help="the client certificate's key")
+    p.add_argument("--token-file", type=Path,
+                   help="bearer token (first line) sent as 'authorization: Bearer TOKEN'")
     p.add_argument("--label", default="", help="name of this run in compare tables")
     p.add_argument("--out", type=Path, required=True, help="folder for results and plots")
     return p
@@ -62,8 +70,9 @@ async def run_points(args: argparse.Namespace, request_bytes: bytes) -> list[dic
         # Spawned generator processes need a few seconds to import; all start together then.
         start_s = time.monotonic() + (4.0 if args.procs > 1 else 0.05)
         spec = LoadSpec(args.url, request_bytes, mode, value, args.warmup_s + args.duration_s,
-                        args.arrival, args.seed, args.streaming, args.timeout_s, start_s)
-        watcher = ServerWatcher(args.url, args.model)
+                        args.arrival, args.seed, args.streaming, args.timeout_s, start_s,
+                        credentials_from_args(args))
+        watcher = ServerWatcher(args.url, args.model, credentials=credentials_from_args(args))
         progress = Progress()
         label = f"{value:g} {'conc' if mode == 'concurrency' else 'req/s'}"
 
@@ -112,8 +121,8 @@ async def run_timeline(args: argparse.Namespace, request_bytes: bytes) -> list[d
 
     scenario = load_scenario(args.scenario)
     target = Target(args.url, pb.ModelInferRequest.FromString(request_bytes),
-                    timeout_s=args.timeout_s)
-    watcher = ServerWatcher(args.url, args.model)
+                    timeout_s=args.timeout_s, credentials=credentials_from_args(args))
+    watcher = ServerWatcher(args.url, args.model, credentials=credentials_from_args(args))
     await watcher.start(time.monotonic())
     try:
         records, events, start_s = await run_scenario(scenario, target, args.seed)
@@ -140,6 +149,15 @@ async def run_timeline(args: argparse.Namespace, request_bytes: bytes) -> list[d
     return [point]
 
 
+def credentials_from_args(args: argparse.Namespace) -> Credentials | None:
+    token = args.token_file.read_text().strip().splitlines()[0] if args.token_file else None
+    if not (args.tls or args.tls_ca or args.tls_cert or token):
+        return None
+    return Credentials(tls=args.tls or args.tls_ca is not None or args.tls_cert is not None,
+                       ca_file=args.tls_ca, cert_file=args.tls_cert, key_file=args.tls_key,
+                       token=token)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:
@@ -150,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         print(compare(compare_args.dirs, compare_args.out))
         return 0
     args = parser().parse_args(argv)
-    metadata = fetch_metadata(args.url, args.model)
+    metadata = fetch_metadata(args.url, args.model, credentials=credentials_from_args(args))
     arrays = (npz_arrays(args.inputs, metadata) if args.inputs
               else generated_arrays(metadata, args.batch, args.seed))
     request_bytes = build_request(args.model, arrays).SerializeToString()

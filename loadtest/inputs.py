@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import grpc
 import numpy as np
 
 from evenflow.client import numpy_dtype
+from evenflow.client.credentials import Credentials, sync_channel
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
 
-def fetch_metadata(url: str, model: str, timeout_s: float = 10.0) -> pb.ModelMetadataResponse:
-    with grpc.insecure_channel(url) as channel:
+def fetch_metadata(url: str, model: str, timeout_s: float = 10.0,
+                   credentials: Credentials | None = None) -> pb.ModelMetadataResponse:
+    with sync_channel(url, [], credentials) as channel:
         return pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(
-            pb.ModelMetadataRequest(name=model), timeout=timeout_s)
+            pb.ModelMetadataRequest(name=model), timeout=timeout_s,
+            metadata=credentials.metadata if credentials is not None else None)
 
 
 def generated_arrays(metadata: pb.ModelMetadataResponse, batch: int, seed: int,

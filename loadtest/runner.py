@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from evenflow.client import numpy_dtype
+from evenflow.client.credentials import Credentials, aio_channel
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
@@ -41,12 +42,13 @@ class Target:
     """A server, a model and the request to send it (built once: the generator must stay cheap)."""
 
     def __init__(self, url: str, request: pb.ModelInferRequest, *, timeout_s: float = 30.0,
-                 num_channels: int = 1) -> None:
+                 num_channels: int = 1, credentials: Credentials | None = None) -> None:
         options = [("grpc.max_receive_message_length", 1 << 28),
                    ("grpc.max_send_message_length", 1 << 28)]
         # Several channels (distinct sub-channel args) spread load over several HTTP/2 connections.
-        self._channels = [grpc.aio.insecure_channel(url, options=[*options, ("evenflow.lt", i)])
+        self._channels = [aio_channel(url, [*options, ("evenflow.lt", i)], credentials)
                           for i in range(num_channels)]
+        self.metadata = credentials.metadata if credentials is not None else None
         self._stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in self._channels]
         self.request = request
         self.timeout_s = timeout_s
@@ -61,7 +63,8 @@ class Target:
 
     async def send(self, index: int) -> str:
         try:
-            await self.stub(index).ModelInfer(self.request, timeout=self.timeout_s)
+            await self.stub(index).ModelInfer(self.request, timeout=self.timeout_s,
+                                              metadata=self.metadata)
         except grpc.aio.AioRpcError as exc:
             return exc.code().name
         return OK

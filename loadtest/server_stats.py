@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from evenflow.client.credentials import Credentials, aio_channel
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 from evenflow.proto import grpc_service_pb2 as pb
@@ -47,8 +48,10 @@ class ServerView:
 class ServerWatcher:
     """Polls GetStats every ``interval_s`` (when the server is evenflow) between start and stop."""
 
-    def __init__(self, url: str, model: str, interval_s: float = 0.25) -> None:
-        self._channel = grpc.aio.insecure_channel(url)
+    def __init__(self, url: str, model: str, interval_s: float = 0.25,
+                 credentials: Credentials | None = None) -> None:
+        self._channel = aio_channel(url, [], credentials)
+        self._metadata = credentials.metadata if credentials is not None else None
         self._stats = ef_grpc.EvenflowStatsStub(self._channel)
         self._kserve = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._model = model
@@ -61,7 +64,7 @@ class ServerWatcher:
     async def _model_stats(self) -> pb.ModelStatistics | None:
         try:
             response = await self._kserve.ModelStatistics(
-                pb.ModelStatisticsRequest(name=self._model), timeout=5)
+                pb.ModelStatisticsRequest(name=self._model), timeout=5, metadata=self._metadata)
         except grpc.aio.AioRpcError:
             return None
         return response.model_stats[0] if response.model_stats else None
@@ -79,7 +82,7 @@ class ServerWatcher:
 
     async def _poll_once(self) -> None:
         response = await self._stats.GetStats(ef.GetStatsRequest(model_name=self._model),
-                                              timeout=5)
+                                              timeout=5, metadata=self._metadata)
         t_s = time.monotonic() - self.origin_s
         for model in response.models:
             self.view.policy = model.policy

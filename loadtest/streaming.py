@@ -34,7 +34,8 @@ async def stream_closed_loop(target: Target, *, concurrency: int, duration_s: fl
     records = [] if records is None else records
 
     async def slot(index: int) -> None:
-        call = target.stub(index).ModelStreamInfer(timeout=duration_s + target.timeout_s)
+        call = target.stub(index).ModelStreamInfer(timeout=duration_s + target.timeout_s,
+                                                   metadata=target.metadata)
         try:
             while (sent_s := now()) < end_s:
                 await call.write(target.request)
@@ -55,7 +56,7 @@ async def stream_open_loop(target: Target, send_offsets_s: Sequence[float],
     now = time.monotonic
     start_s = now() if start_s is None else start_s
     duration_s = (send_offsets_s[-1] if send_offsets_s else 0.0) + target.timeout_s
-    call = target.stub(0).ModelStreamInfer(timeout=duration_s + 1.0)
+    call = target.stub(0).ModelStreamInfer(timeout=duration_s + 1.0, metadata=target.metadata)
     pending: dict[str, tuple[float, float]] = {}
     records = [] if records is None else records
 

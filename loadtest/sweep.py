@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from evenflow.client.credentials import Credentials
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.loadtest.histogram import LatencyHistogram
 from evenflow.loadtest.percentiles import ordered_percentile, percentile
@@ -39,6 +40,7 @@ class LoadSpec:
     streaming: bool = False
     timeout_s: float = 30.0
     start_at_s: float = 0.0  # monotonic (system-wide); every process starts then
+    credentials: Credentials | None = None
 
     def share(self, index: int, procs: int) -> LoadSpec:
         value: float
@@ -48,7 +50,7 @@ class LoadSpec:
             value = self.value / procs
         return LoadSpec(self.url, self.request_bytes, self.mode, value, self.duration_s,
                         self.arrival, self.seed * 1000 + index, self.streaming, self.timeout_s,
-                        self.start_at_s)
+                        self.start_at_s, self.credentials)
 
 
 @dataclass
@@ -81,7 +83,7 @@ class PointResult:
 
 async def _generate(spec: LoadSpec, progress: Progress | None) -> tuple[list[RequestRecord], int]:
     request = pb.ModelInferRequest.FromString(spec.request_bytes)
-    target = Target(spec.url, request, timeout_s=spec.timeout_s)
+    target = Target(spec.url, request, timeout_s=spec.timeout_s, credentials=spec.credentials)
     reporter = asyncio.create_task(progress.report_from(lambda: records)) if progress else None
     records: list[RequestRecord] = []
     try:

@@ -22,6 +22,7 @@ from evenflow.server.metrics import collect
 from evenflow.server.metrics_http import MetricsEndpoint
 from evenflow.server.model_control import ModelManager
 from evenflow.server.prometheus import CONTENT_TYPE, render
+from evenflow.server.security import TlsFiles, TokenInterceptor, load_token
 from evenflow.server.served import ModelTable
 from evenflow.server.stats_service import AdminServicer, StatsServicer
 from evenflow.server.telemetry import NvmlSampler
@@ -77,7 +78,9 @@ class App:
         options = [("grpc.max_receive_message_length", config.max_message_bytes),
                    ("grpc.max_send_message_length", config.max_message_bytes),
                    ("grpc.so_reuseport", 0)]
-        server = grpc.aio.server(options=options)
+        token = load_token(config.auth_token_file)
+        interceptors = [TokenInterceptor(token, config.auth_groups)] if token else []
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         self._frontend = InferenceServicer(models=self.models, manager=self.manager,
                                            server_name="evenflow",
                                            server_version=_server_version(),
@@ -98,18 +101,29 @@ class App:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(services, server)
         host = f"[{config.host}]" if ":" in config.host else config.host
-        self.port = server.add_insecure_port(f"{host}:{config.port}")
+        tls = self._tls()
+        address = f"{host}:{config.port}"
+        self.port = (server.add_secure_port(address, tls.server_credentials()) if tls
+                     else server.add_insecure_port(address))
         if self.port == 0:
             raise OSError(f"could not bind {host}:{config.port}")
         await server.start()
         self._server = server
         if config.metrics_port is not None:
-            self._metrics = MetricsEndpoint(self._render_metrics, CONTENT_TYPE)
+            self._metrics = MetricsEndpoint(self._render_metrics, CONTENT_TYPE,
+                                            ssl_context=tls.ssl_context() if tls else None,
+                                            token=token)
             self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
         self._frontend.ready = True
         for service in ("", _INFERENCE_SERVICE.full_name):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
+
+    def _tls(self) -> TlsFiles | None:
+        config = self.config
+        if config.tls_cert is None or config.tls_key is None:
+            return None
+        return TlsFiles(config.tls_cert, config.tls_key, config.tls_client_ca)
 
     @staticmethod
     async def _refuse_until_quiet(frontend: InferenceServicer) -> None:

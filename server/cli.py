@@ -113,6 +113,17 @@ FLAGS: dict[str, list[Flag]] = {
         Flag("--allow-any-model-source", "security.allow_any_model_source",
              "model control may load sources the configuration does not name (loading a "
              "source runs its code)", const=True),
+        Flag("--tls-cert", "security.tls_cert", "serve gRPC and metrics over TLS: certificate "
+             "(PEM)"),
+        Flag("--tls-key", "security.tls_key", "the certificate's private key (PEM)"),
+        Flag("--tls-client-ca", "security.tls_client_ca",
+             "mutual TLS: accept only clients with a certificate signed by this CA (PEM)"),
+        Flag("--auth-token-file", "security.auth_token_file",
+             "require 'authorization: Bearer TOKEN' (the file's first line; else "
+             "$EVENFLOW_AUTH_TOKEN when set); health stays open"),
+        Flag("--auth-groups", "security.auth_groups",
+             "RPC groups the token guards, comma list of inference, statistics, "
+             "model-control, admin", _names),
         Flag("--metrics-port", "server.metrics_port",
              "serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)", int),
         Flag("--shutdown-grace-s", "server.shutdown_grace_s",
@@ -134,7 +145,7 @@ def _default_text(key: str) -> str:
     if value is None:
         return "off" if name == "metrics_port" else ""
     if isinstance(value, list):
-        return ",".join(f"{v:g}" for v in value)
+        return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

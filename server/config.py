@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from evenflow.balancer import BalancerConfig
@@ -77,6 +78,10 @@ class ServerConfig:
         loop hold the GIL for 5 ms while a worker thread waits to resume after each kernel; a
         short interval hands it over sooner.
     log_level, log_format: logging threshold and line format ("text" or "json").
+    tls_cert, tls_key: serve gRPC (and metrics) over TLS with this certificate and key.
+    tls_client_ca: also require client certificates signed by this CA (mutual TLS).
+    auth_token_file: require ``authorization: Bearer TOKEN`` (the file's first line; else the
+        EVENFLOW_AUTH_TOKEN environment variable, if set) on the RPC groups in ``auth_groups``.
     """
 
     host: str = "127.0.0.1"
@@ -97,6 +102,11 @@ class ServerConfig:
     gil_switch_interval_s: float = 0.0002
     log_level: str = "INFO"
     log_format: str = "text"
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    auth_token_file: Path | None = None
+    auth_groups: tuple[str, ...] = ("inference", "statistics", "model-control", "admin")
 
     def __post_init__(self) -> None:
         models = tuple(m if isinstance(m, ModelConfig) else ModelConfig(*m) for m in self.models)

@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import Callable
+
+from evenflow.server.security import token_matches
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +31,11 @@ class MetricsEndpoint:
 
     def __init__(self, render: Callable[[], bytes], content_type: str, *,
                  head_timeout_s: float = HEAD_TIMEOUT_S,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS,
+                 ssl_context: ssl.SSLContext | None = None, token: str | None = None) -> None:
         self._render = render
+        self._ssl = ssl_context
+        self._token = token
         self._head_timeout_s = head_timeout_s
         self._max_connections = max_connections
         self._content_type = content_type
@@ -40,7 +46,9 @@ class MetricsEndpoint:
     async def start(self, host: str, port: int) -> int:
         """Listen; returns the bound port (``port`` 0 picks a free one)."""
         self._server = await asyncio.start_server(self._accept, host, port,
-                                                  limit=_MAX_HEAD_BYTES)
+                                                  limit=_MAX_HEAD_BYTES, ssl=self._ssl,
+                                                  ssl_handshake_timeout=self._head_timeout_s
+                                                  if self._ssl is not None else None)
         self.port = self._server.sockets[0].getsockname()[1]
         return self.port
 
@@ -87,6 +95,11 @@ class MetricsEndpoint:
             await _respond(writer, 400, b"bad request\n")
             return
         method, target, _ = parts
+        if self._token is not None and not token_matches(_header(head, b"authorization"),
+                                                         self._token):
+            await _respond(writer, 401, b"missing or wrong bearer token\n",
+                           extra="WWW-Authenticate: Bearer\r\n")
+            return
         path = target.split("?", 1)[0]
         if path != "/metrics":
             await _respond(writer, 404, b"not found; metrics are at /metrics\n")
@@ -104,8 +117,17 @@ class MetricsEndpoint:
                        head_only=method == "HEAD")
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            408: "Request Timeout", 431: "Request Header Fields Too Large",
+def _header(head: bytes, name: bytes) -> str | None:
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, value = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return None
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 408: "Request Timeout",
+            431: "Request Header Fields Too Large",
             500: "Internal Server Error", 503: "Service Unavailable"}
 
 

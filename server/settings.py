@@ -8,7 +8,8 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
     [server]     host, port, max_message_bytes, max_tensor_elements, shutdown_grace_s,
                  gil_switch_interval_us, metrics_port, log_level, log_format, frontends, workers
     [devices]    list, cpu_threads, dtype
-    [security]   admin, allow_any_model_source
+    [security]   admin, allow_any_model_source, tls_cert, tls_key, tls_client_ca,
+                 auth_token_file, auth_groups
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
     [balancing]  the defaults of every model: policy, batch_policy, max_batch, max_wait_ms,
                  latency_target_ms, max_queued_requests, max_queued_samples,
@@ -87,6 +88,18 @@ class DevicesSection(_Section):
 class SecuritySection(_Section):
     admin: bool | None = None
     allow_any_model_source: bool | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    auth_token_file: str | None = None
+    auth_groups: list[Literal["inference", "statistics", "model-control", "admin"]] | None = None
+
+    @field_validator("tls_cert", "tls_key", "tls_client_ca", "auth_token_file")
+    @classmethod
+    def _file_exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            raise ValueError("no such file")
+        return value
 
 
 class BuiltinsSection(_Section):
@@ -219,6 +232,14 @@ def _cross_checks(settings: Settings) -> list[Problem]:
     """Checks over several keys. Each problem is reported once, at the key that set the value
     (a model's own, else ``balancing``'s)."""
     problems: dict[str, Problem] = {}
+    security = settings.security
+    if (security.tls_cert is None) != (security.tls_key is None):
+        key = "security.tls_key" if security.tls_key is None else "security.tls_cert"
+        problems[key] = Problem(key, _MISSING, "TLS needs both tls_cert and tls_key")
+    if security.tls_client_ca is not None and security.tls_cert is None:
+        problems["security.tls_client_ca"] = Problem(
+            "security.tls_client_ca", security.tls_client_ca,
+            "mutual TLS needs the server's own tls_cert and tls_key")
     devices = settings.devices.names
     defaults = settings.balancing
     for name, model in [("balancing", defaults),
@@ -272,7 +293,9 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                    "log_format": config.log_format, "frontends": 1, "workers": "thread"},
         "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype},
         "security": {"admin": config.admin,
-                     "allow_any_model_source": config.allow_any_model_source},
+                     "allow_any_model_source": config.allow_any_model_source,
+                     "tls_cert": None, "tls_key": None, "tls_client_ca": None,
+                     "auth_token_file": None, "auth_groups": list(config.auth_groups)},
         "builtins": {"encoder_size": builtins.encoder_size,
                      "sim_base_ms": builtins.sim_profile.base_ms,
                      "sim_per_sample_ms": builtins.sim_profile.per_sample_ms,
@@ -348,7 +371,15 @@ def to_server_config(settings: Settings) -> ServerConfig:
                cpu_threads=devices.cpu_threads, dtype=devices.dtype,
                devices=",".join(devices.names) if devices.names else None,
                admin=security.admin, allow_any_model_source=security.allow_any_model_source,
+               tls_cert=_path(security.tls_cert), tls_key=_path(security.tls_key),
+               tls_client_ca=_path(security.tls_client_ca),
+               auth_token_file=_path(security.auth_token_file),
+               auth_groups=tuple(security.auth_groups) if security.auth_groups else None,
                models=models or None))
+
+
+def _path(value: str | None) -> Path | None:
+    return Path(value) if value is not None else None
 
 
 def _set(**values: Any) -> dict[str, Any]:
