@@ -7,7 +7,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,9 +140,11 @@ class ModelBalancer:
         return sum(len(queue) for queue in self._queues)
 
     def submit(self, payload: Any, num_samples: int, deadline_s: float = math.inf,
-               priority: int = 0) -> asyncio.Future[Any]:
+               priority: int = 0, shape_key: Hashable = None) -> asyncio.Future[Any]:
         """Admit one request; the returned future resolves to its output or an EvenflowError.
-        ``priority``: Triton's request priority, 1 the most urgent, 0 the model's default."""
+        ``priority``: Triton's request priority, 1 the most urgent, 0 the model's default.
+        ``shape_key``: requests share a batch only with requests of the same key (their
+        non-batch shapes); None for models whose shapes are fixed."""
         if self._closing:
             raise ShuttingDown(f"model {self.model_name!r} is shutting down")
         if num_samples > self.config.max_batch:
@@ -156,7 +158,8 @@ class ModelBalancer:
         if self._loop is None:
             raise RuntimeError("ModelBalancer.start() was not called")
         future: asyncio.Future[Any] = self._loop.create_future()
-        job = Job(payload, num_samples, now_s, deadline_s, future, level)
+        job = Job(payload, num_samples, now_s, deadline_s, future, level,
+                  shape_key=shape_key)
         replica, finish_s = self._route(job, now_s)
         self._admit_in_time(replica, num_samples, now_s, finish_s, deadline_s)
         if self.config.policy is Policy.LEAST_WORK:

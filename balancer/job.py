@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ class Job:
     future: asyncio.Future[Any]
     level: int = 0
     predicted_done_s: float = math.inf  # when admission predicted it would be answered
+    shape_key: Hashable = None  # jobs batch together only with the same key (None: any)
 
 
 @dataclass(frozen=True, slots=True)

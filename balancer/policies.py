@@ -35,6 +35,7 @@ class ReplicaLoad:
     batch_size: int  # the replica's current batch size
     arrival_rate_per_s: float = 0.0  # samples recently routed here per second
     cold: bool = False  # no batch measured yet: its a and c are only the prior
+    shape_groups: int = 1  # distinct input shapes queued: each needs a batch of its own
 
     def work_s(self, extra_samples: int = 0) -> float:
         """Seconds until this replica has finished everything it holds, plus ``extra_samples``
@@ -49,7 +50,8 @@ class ReplicaLoad:
             # worth at most, or a slow new device priced by the prior would soak up a burst.
             return math.inf
         samples = self.queued_samples + extra_samples
-        num_batches = math.ceil(samples / self.batch_size) if samples else 0
+        num_batches = max(math.ceil(samples / self.batch_size), self.shape_groups) \
+            if samples else 0
         joiners = 0.0
         if extra_samples and self.arrival_rate_per_s > 0.0:
             starts_in_s = self.running_remaining_s + (num_batches - 1) * (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 
 from evenflow.balancer.errors import DeadlineExceeded
 from evenflow.balancer.job import Job
@@ -25,6 +25,7 @@ class JobQueue:
             raise ValueError(f"a queue needs at least one priority level, not {levels}")
         self._levels: list[deque[Job]] = [deque() for _ in range(levels)]
         self._dropped: Counter[str] = Counter() if dropped is None else dropped
+        self._shapes: Counter[Hashable] = Counter()  # queued jobs per shape key (keyed only)
         self._count = 0
         self.num_samples = 0
         self._waiters: list[asyncio.Future[None]] = []
@@ -39,8 +40,15 @@ class JobQueue:
     def oldest_arrival_s(self) -> float:
         return min(level[0].arrival_s for level in self._levels if level)
 
+    @property
+    def num_shape_groups(self) -> int:
+        """How many batches the queue needs at least: one per distinct shape."""
+        return max(1, len(self._shapes)) if self._count else 0
+
     def push(self, job: Job) -> None:
         self._levels[job.level].append(job)
+        if job.shape_key is not None:
+            self._shapes[job.shape_key] += 1
         self._count += 1
         self.num_samples += job.num_samples
         self._wake()
@@ -49,8 +57,7 @@ class JobQueue:
         """The newest job of the least urgent non-empty level."""
         level = next(level for level in reversed(self._levels) if level)
         job = level.pop()
-        self._count -= 1
-        self.num_samples -= job.num_samples
+        self._forget(job)
         return job
 
     def tail_sizes(self) -> list[int]:
@@ -59,18 +66,25 @@ class JobQueue:
 
     def take(self, max_samples: int, now_s: float) -> list[Job]:
         """Jobs from the front of the most urgent levels up to ``max_samples`` (at least one live
-        job if any is queued)."""
+        job if any is queued), all of the first one's shape: jobs of other shapes keep their
+        places for a later batch."""
         batch: list[Job] = []
         total = 0
+        key: Hashable = None
         for jobs in self._levels:
-            while jobs:
-                job = jobs[0]
+            index = 0
+            while index < len(jobs):
+                job = jobs[index]
                 if self._dead(job, now_s):
-                    self._drop_front(jobs)
+                    self._remove(jobs, index)
+                    continue
+                if batch and job.shape_key != key:
+                    index += 1
                     continue
                 if batch and total + job.num_samples > max_samples:
                     return batch
-                self._drop_front(jobs)
+                self._remove(jobs, index)
+                key = job.shape_key
                 batch.append(job)
                 total += job.num_samples
                 if total >= max_samples:
@@ -84,8 +98,7 @@ class JobQueue:
             live: deque[Job] = deque()
             for job in jobs:
                 if self._dead(job, now_s):
-                    self._count -= 1
-                    self.num_samples -= job.num_samples
+                    self._forget(job)
                 else:
                     live.append(job)
             self._levels[index] = live
@@ -105,10 +118,22 @@ class JobQueue:
             return True
         return False
 
-    def _drop_front(self, jobs: deque[Job]) -> None:
-        job = jobs.popleft()
+    def _remove(self, jobs: deque[Job], index: int) -> None:
+        job = jobs.popleft() if index == 0 else jobs[index]
+        if index:
+            del jobs[index]
+        self._forget(job)
+
+    def _forget(self, job: Job) -> None:
         self._count -= 1
         self.num_samples -= job.num_samples
+        key = job.shape_key
+        if key is not None:
+            left = self._shapes[key] - 1
+            if left:
+                self._shapes[key] = left
+            else:
+                del self._shapes[key]
 
     def fail_all(self, error: BaseException) -> None:
         for jobs in self._levels:
@@ -118,6 +143,7 @@ class JobQueue:
                     job.future.set_exception(error)
         self._count = 0
         self.num_samples = 0
+        self._shapes.clear()
         self._wake()
 
     async def wait_changed(self, timeout_s: float | None = None) -> None:

@@ -122,7 +122,7 @@ class Replica:
         return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
                            len(self.queue), fit.base_s, fit.per_sample_s,
                            self._next_batch_size(now_s, remaining), self._decayed_rate(now_s),
-                           not self.estimator.observed)
+                           not self.estimator.observed, self.queue.num_shape_groups)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self.estimator.fit

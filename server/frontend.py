@@ -15,7 +15,7 @@ import grpc
 from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest, ShuttingDown
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server import codec
+from evenflow.server import codec, shapes
 from evenflow.server.decoding import Undecodable, tolerant_deserializer
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
 from evenflow.server.model_control import ModelManager, source_from_load_parameters
@@ -67,7 +67,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             deadline_s = min(deadline_s, _timeout_deadline_s(request))
         arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
         chosen = codec.requested_outputs(request, specs.outputs)
-        outputs = await model.balancer.submit(arrays, num_samples, deadline_s, priority)
+        if not specs.variable_shapes:
+            outputs = await model.balancer.submit(arrays, num_samples, deadline_s, priority)
+            return codec.encode_response(request, specs.outputs, chosen, outputs)
+        lengths = None
+        if specs.padding is not None:
+            arrays, lengths = shapes.pad_inputs(arrays, specs.inputs, specs.padding)
+        outputs = await model.balancer.submit(arrays, num_samples, deadline_s, priority,
+                                              shape_key=shapes.shape_key(arrays))
+        if lengths:
+            outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
         return codec.encode_response(request, specs.outputs, chosen, outputs)
 
     async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,

@@ -82,3 +82,24 @@ def three_inputs() -> ModelDefinition:
                                    TensorSpec("ids", "INT64", (-1, -1)),
                                    TensorSpec("text", "BYTES", (-1, 2))],
                            outputs=[TensorSpec("y", "FP32", (-1, 4))], traceable=False)
+
+
+class CumSum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.cumsum(1)
+
+
+def cumsum() -> ModelDefinition:
+    """FP32 ``[-1, -1]`` -> its running sum along dim 1: requests of different lengths."""
+    return ModelDefinition(module=CumSum(), inputs=[TensorSpec("x", "FP32", (-1, -1))],
+                           outputs=[TensorSpec("y", "FP32", (-1, -1))], traceable=False)
+
+
+def cumsum_padded() -> ModelDefinition:
+    """``cumsum`` padded with zeros to lengths 4, 8, 16, 32 (zeros at the end leave each
+    request's own prefix sums unchanged)."""
+    from evenflow.server.models.spec import Padding
+
+    return ModelDefinition(module=CumSum(), inputs=[TensorSpec("x", "FP32", (-1, -1))],
+                           outputs=[TensorSpec("y", "FP32", (-1, -1))], traceable=False,
+                           padding=Padding(0.0, (4, 8, 16, 32)))

@@ -37,6 +37,26 @@ class SimProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class Padding:
+    """A model's promise that its variable dimensions may be padded: every input's variable
+    (-1) non-batch dimension is padded with ``value`` up to the smallest of ``buckets`` that
+    fits, so requests of nearby lengths share a batch; each output's variable dimensions are
+    then cut back, in order, to the request's sizes of the first input's variable dimensions
+    (a sequence model: outputs as long as its input)."""
+
+    value: float = 0.0
+    buckets: tuple[int, ...] = (8, 16, 32, 64, 128, 256, 512)
+
+    def __post_init__(self) -> None:
+        if not self.buckets or list(self.buckets) != sorted(set(self.buckets)) or \
+                self.buckets[0] < 1:
+            raise ValueError(f"padding buckets must be increasing positive sizes: {self.buckets}")
+
+    def bucket(self, size: int) -> int | None:
+        return next((b for b in self.buckets if b >= size), None)
+
+
+@dataclass(frozen=True, slots=True)
 class ModelDefinition:
     """A model as a user factory returns it.
 
@@ -50,9 +70,14 @@ class ModelDefinition:
     platform: str = "pytorch_libtorch"
     sim_profile: SimProfile = field(default_factory=SimProfile)
     traceable: bool = True  # False when forward has effects a trace would drop (sleeps, I/O)
+    padding: Padding | None = None  # variable dims may be padded to buckets (see Padding)
+    # Whether requests can differ in non-batch shape (then they batch by shape); set from inputs.
+    variable_shapes: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         for group in (self.inputs, self.outputs):
             names = [t.name for t in group]
             if len(set(names)) != len(names) or not names:
                 raise ValueError(f"tensor names must be unique and non-empty: {names}")
+        object.__setattr__(self, "variable_shapes",
+                           any(-1 in t.shape[1:] for t in self.inputs))

@@ -111,3 +111,32 @@ def test_a_queue_serves_urgent_levels_first_and_gives_up_its_least_urgent_tail()
         assert (len(queue), queue.num_samples) == (0, 0)
     finally:
         loop.close()
+
+
+def test_a_batch_takes_only_jobs_of_the_first_ones_shape() -> None:
+    import asyncio
+    import math
+
+    from evenflow.balancer.job import Job
+    from evenflow.balancer.queue import JobQueue
+
+    loop = asyncio.new_event_loop()
+    try:
+        queue = JobQueue()
+        jobs = [Job(name, 1, 1.0, math.inf, loop.create_future(), shape_key=key)
+                for name, key in [("a", (3,)), ("b", (5,)), ("c", (3,)), ("d", (5,))]]
+        for job in jobs:
+            queue.push(job)
+        assert queue.num_shape_groups == 2
+        assert [j.payload for j in queue.take(8, now_s=2.0)] == ["a", "c"]
+        assert queue.num_shape_groups == 1
+        assert [j.payload for j in queue.take(8, now_s=2.0)] == ["b", "d"]
+        assert (len(queue), queue.num_samples, queue.num_shape_groups) == (0, 0, 0)
+    finally:
+        loop.close()
+
+
+def test_distinct_shapes_are_priced_as_separate_batches() -> None:
+    one_shape = ReplicaLoad(0.0, 0, 4, 4, 0.010, 0.001, 8)
+    four_shapes = ReplicaLoad(0.0, 0, 4, 4, 0.010, 0.001, 8, shape_groups=4)
+    assert four_shapes.work_s() == pytest.approx(one_shape.work_s() + 3 * 0.010)
