@@ -13,6 +13,7 @@ from evenflow.balancer.errors import (
     OutOfMemory,
     Overloaded,
     ShuttingDown,
+    WorkerLost,
 )
 from evenflow.balancer.estimator import LatencyFit, LatencyModel
 from evenflow.balancer.job import BatchResult, BatchTiming, Clock, Job, Worker
@@ -24,5 +25,6 @@ __all__ = [
     "BatchTiming", "Clock", "DeadlineExceeded", "ErrorCode", "EvenflowError", "InvalidRequest",
     "Job", "LatencyFit", "LatencyModel", "ModelBalancer", "ModelNotFound", "OutOfMemory",
     "Overloaded", "Policy", "ReplicaLoad", "ReplicaSnapshot", "ShuttingDown", "Worker",
+    "WorkerLost",
     "best_batch_size",
 ]

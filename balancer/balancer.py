@@ -7,12 +7,18 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from evenflow.balancer.controller import BatchSizeController
-from evenflow.balancer.errors import DeadlineExceeded, InvalidRequest, Overloaded, ShuttingDown
+from evenflow.balancer.errors import (
+    DeadlineExceeded,
+    InvalidRequest,
+    Overloaded,
+    ShuttingDown,
+    WorkerLost,
+)
 from evenflow.balancer.estimator import LatencyModel
 from evenflow.balancer.job import Clock, Job, Worker
 from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
@@ -43,6 +49,9 @@ class BalancerConfig:
         work_stealing: a replica that is idle, or starts a batch with room left, takes queued
             work from the busiest while it would finish sooner there (``least-work`` only).
         prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
+        watchdog_s: a worker that has not finished a batch after this long (or ten times the
+            batch's predicted time, if longer) is lost: taken out of routing, its work re-run
+            once elsewhere, and restarted.
         priority_levels: how many priority levels requests may ask for (Triton's convention:
             1 is the most urgent, ``priority_levels`` the least; a batch is filled from the most
             urgent level first).
@@ -59,6 +68,7 @@ class BalancerConfig:
     max_queued_samples: int | None = None
     max_queue_delay_s: float | None = None
     work_stealing: bool = True
+    watchdog_s: float = 30.0
     prior_base_s: float = 0.002
     prior_per_sample_s: float = 0.0002
     priority_levels: int = 1
@@ -92,7 +102,8 @@ class ModelBalancer:
     """
 
     def __init__(self, *, model_name: str, workers: Sequence[Worker], config: BalancerConfig,
-                 clock: Clock = time.monotonic, rng: random.Random | None = None) -> None:
+                 clock: Clock = time.monotonic, rng: random.Random | None = None,
+                 on_health: Callable[[], None] | None = None) -> None:
         if not workers:
             raise ValueError(f"model {model_name!r} has no workers")
         self.model_name = model_name
@@ -119,7 +130,8 @@ class ModelBalancer:
                     estimator=LatencyModel(prior_base_s=config.prior_base_s,
                                            prior_per_sample_s=config.prior_per_sample_s),
                     counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
-                    find_work=steal, others_in_flight=self._others_in_flight)
+                    find_work=steal, others_in_flight=self._others_in_flight,
+                    watchdog_s=config.watchdog_s, on_lost=self._reroute, on_health=on_health)
             for worker in workers
         ]
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
@@ -129,6 +141,11 @@ class ModelBalancer:
         self._loop = asyncio.get_running_loop()
         for replica in self.replicas:
             replica.start()
+
+    @property
+    def serving(self) -> bool:
+        """Whether any replica is in routing (health says NOT_SERVING when none is)."""
+        return any(replica.healthy for replica in self.replicas)
 
     @property
     def admitted_requests(self) -> int:
@@ -154,6 +171,9 @@ class ModelBalancer:
         now_s = self._clock()
         if deadline_s <= now_s:
             raise DeadlineExceeded("deadline passed before the request was queued")
+        if not self.serving:
+            raise WorkerLost(f"model {self.model_name!r} has no replica in service (all are "
+                             "restarting)")
         self._admit_by_count(num_samples, now_s)
         if self._loop is None:
             raise RuntimeError("ModelBalancer.start() was not called")
@@ -237,9 +257,29 @@ class ModelBalancer:
         """Whether any admitted request is outside ``replica``'s forming batch."""
         return self._in_system > len(replica.queue)
 
+    def _reroute(self, lost: Replica, running: list[Job], queued: list[Job]) -> None:
+        """A replica lost its worker: its queued jobs go to the others; the jobs of the batch it
+        was running are re-run once (a second loss fails them with UNAVAILABLE)."""
+        now_s = self._clock()
+        for job in running:
+            job.attempts += 1
+        for job in (*running, *queued):
+            if job.future.done():
+                continue
+            if job.attempts > 1 or not self.serving:
+                job.future.set_exception(WorkerLost(
+                    f"model {self.model_name!r}: "
+                    + ("the workers running this request were lost twice" if job.attempts > 1
+                       else "its worker was lost and no other replica is in service")))
+                continue
+            replica, _ = self._route(job, now_s)
+            replica.queue.push(job)
+            self.counters.rerouted += 1
+
     def _route(self, job: Job, now_s: float) -> tuple[Replica, float]:
         """The replica for ``job`` and the seconds until it is predicted to finish there."""
-        replicas = self.replicas
+        replicas = self.replicas if all(r.healthy for r in self.replicas) else \
+            [r for r in self.replicas if r.healthy]
         num_samples = job.num_samples
         policy = self.config.policy
         if len(replicas) == 1:
@@ -253,7 +293,7 @@ class ModelBalancer:
             index = choose_pow2(loads, self._rng)
             return replicas[index], loads[index].work_s(num_samples)
         if policy is Policy.ROUND_ROBIN:
-            chosen = replicas[next(self._round_robin)]
+            chosen = replicas[next(self._round_robin) % len(replicas)]
             return chosen, chosen.load(now_s).work_s(num_samples)
         # shared-queue: every replica reads the same queue, so it drains at their summed rate
         loads = [replica.load(now_s) for replica in replicas]
@@ -265,6 +305,8 @@ class ModelBalancer:
     def _steal_for(self, thief: Replica) -> None:
         """Move queued jobs to ``thief`` from the busiest replicas first, while each would
         finish sooner there and its next batch has room."""
+        if not thief.healthy:
+            return
         now_s = self._clock()
         victims = [r for r in self.replicas if r is not thief and len(r.queue)]
         if not victims:

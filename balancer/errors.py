@@ -7,8 +7,10 @@ gRPC status; nothing here knows about gRPC.
     ├── DeadlineExceeded           DEADLINE_EXCEEDED: the deadline passed before the work ran
     ├── Overloaded                 RESOURCE_EXHAUSTED: admission refused the request (queue full)
     ├── ShuttingDown               UNAVAILABLE: the server is draining and takes no new work
-    └── BatchFailed                INTERNAL: the model raised while running the batch
-        └── OutOfMemory            INTERNAL once retries are exhausted; the balancer splits first
+    ├── BatchFailed                INTERNAL: the model raised while running the batch
+    │   └── OutOfMemory            INTERNAL once retries are exhausted; the balancer splits first
+    └── WorkerLost                 UNAVAILABLE: the worker died or hung (its work is re-run once
+                                   elsewhere first)
 """
 
 from __future__ import annotations
@@ -55,3 +57,9 @@ class BatchFailed(EvenflowError):
 
 class OutOfMemory(BatchFailed):
     """The device ran out of memory on this batch; a smaller batch may fit."""
+
+
+class WorkerLost(EvenflowError):
+    """The worker died, or did not answer within the watchdog: its batch never finished."""
+
+    code = ErrorCode.UNAVAILABLE

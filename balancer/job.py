@@ -30,6 +30,7 @@ class Job:
     level: int = 0
     predicted_done_s: float = math.inf  # when admission predicted it would be answered
     shape_key: Hashable = None  # jobs batch together only with the same key (None: any)
+    attempts: int = 0  # times it was re-run after its worker was lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,5 +68,10 @@ class Worker(Protocol):
     def devices(self) -> Sequence[str]: ...
 
     async def run(self, jobs: Sequence[Job]) -> BatchResult: ...
+
+    async def restart(self) -> None:
+        """Replace whatever runs batches (a thread, a process) after it died or hung; the old
+        one is abandoned. Raises when it cannot (then the replica stays out of routing)."""
+        ...
 
     async def close(self) -> None: ...

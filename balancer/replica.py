@@ -11,7 +11,13 @@ import time
 from collections.abc import Callable, Sequence
 
 from evenflow.balancer.controller import BatchSizeController
-from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory, ShuttingDown
+from evenflow.balancer.errors import (
+    BatchFailed,
+    EvenflowError,
+    OutOfMemory,
+    ShuttingDown,
+    WorkerLost,
+)
 from evenflow.balancer.estimator import LatencyModel
 from evenflow.balancer.job import BatchResult, Clock, Job, Worker
 from evenflow.balancer.policies import ReplicaLoad
@@ -21,6 +27,7 @@ from evenflow.balancer.stats import ModelCounters, ReplicaCounters, ReplicaSnaps
 logger = logging.getLogger(__name__)
 
 _RATE_TAU_S = 0.5  # arrival rates forget with this time constant
+_MAX_RESTART_DELAY_S = 30.0
 
 
 class Replica:
@@ -39,6 +46,11 @@ class Replica:
 
     A batch that runs out of memory is split in half and retried, and the controller's cap drops;
     any other failure fails only that batch's jobs.
+
+    A worker that dies, or runs a batch past the watchdog (``watchdog_s`` or, for long batches,
+    ten times the predicted batch time), is lost: the replica leaves routing, hands the batch's
+    jobs and its queue to ``on_lost`` (the balancer re-runs them elsewhere), and restarts the
+    worker, backing off while restarts fail; then it is back in routing.
     """
 
     def __init__(self, *, worker: Worker, queue: JobQueue, controller: BatchSizeController,
@@ -46,7 +58,10 @@ class Replica:
                  clock: Clock = time.monotonic,
                  find_work: Callable[[Replica], None] | None = None,
                  idle_poll_s: float = 0.02,
-                 others_in_flight: Callable[[Replica], bool] | None = None) -> None:
+                 others_in_flight: Callable[[Replica], bool] | None = None,
+                 watchdog_s: float = math.inf,
+                 on_lost: Callable[[Replica, list[Job], list[Job]], None] | None = None,
+                 on_health: Callable[[], None] | None = None) -> None:
         self.worker = worker
         self.queue = queue
         self.controller = controller
@@ -70,6 +85,12 @@ class Replica:
         self._arrival_rate_per_s = 0.0
         self._rate_at_s = 0.0
         self._close_early = False
+        self._watchdog_s = watchdog_s
+        self._on_lost = on_lost
+        self._on_health = on_health
+        self.healthy = True
+        self.restarts = 0
+        self._restart_task: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -81,7 +102,7 @@ class Replica:
 
     async def stop(self) -> None:
         """Cancel the loop and any batch in flight (after the balancer drained them)."""
-        tasks = [t for t in (self._task, *self._in_flight) if t is not None]
+        tasks = [t for t in (self._task, self._restart_task, *self._in_flight) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -139,7 +160,8 @@ class Replica:
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
             stages=tuple(stage_snapshot()) if callable(stage_snapshot) else (),
-            num_repartitions=int(getattr(self.worker, "num_repartitions", 0)))
+            num_repartitions=int(getattr(self.worker, "num_repartitions", 0)),
+            healthy=self.healthy, restarts=self.restarts)
 
     async def _run(self) -> None:
         if self._max_in_flight == 1:
@@ -198,7 +220,10 @@ class Replica:
         self._running_requests += len(jobs)
         self._quiet.clear()
         try:
-            result = await self.worker.run(jobs)
+            result = await self._run_watched(jobs, num_samples)
+        except WorkerLost as exc:
+            self._lost(jobs, exc)
+            return
         except OutOfMemory as exc:
             self.controller.on_out_of_memory(num_samples)
             logger.warning("%s: out of memory at batch %d; cap now %d", self.name, num_samples,
@@ -227,6 +252,56 @@ class Replica:
                 if not len(self.queue):
                     self._quiet.set()
         self._complete(jobs, num_samples, start_s, result)
+
+    async def _run_watched(self, jobs: list[Job], num_samples: int) -> BatchResult:
+        timeout_s = max(self._watchdog_s, 10.0 * self.estimator.predict_s(num_samples))
+        if math.isinf(timeout_s):
+            return await self.worker.run(jobs)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self.worker.run(jobs)
+        except TimeoutError:
+            raise WorkerLost(f"{self.name} did not finish a batch within {timeout_s:.1f} s "
+                             "(watchdog)") from None
+
+    def _lost(self, jobs: list[Job], error: WorkerLost) -> None:
+        """Out of routing; the batch and the queue go back to the balancer; restart."""
+        logger.error("%s: worker lost (%s); re-routing %d running and %d queued requests",
+                     self.name, error, len(jobs), len(self.queue))
+        self._set_healthy(False)
+        queued = [self.queue.pop_tail() for _ in range(len(self.queue))][::-1]
+        if self._on_lost is not None:
+            self._on_lost(self, jobs, queued)
+        else:
+            self._fail([*jobs, *queued], error)
+        if self._restart_task is None:
+            self._restart_task = asyncio.create_task(self._restart(),
+                                                     name=f"restart:{self.name}")
+
+    async def _restart(self) -> None:
+        delay_s = 0.05
+        try:
+            while True:
+                try:
+                    await self.worker.restart()
+                except Exception:
+                    logger.exception("%s: restart failed; retrying in %.1f s", self.name,
+                                     delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(2 * delay_s, _MAX_RESTART_DELAY_S)
+                    continue
+                self.restarts += 1
+                logger.warning("%s: worker restarted; back in routing", self.name)
+                self._set_healthy(True)
+                return
+        finally:
+            self._restart_task = None
+
+    def _set_healthy(self, healthy: bool) -> None:
+        if healthy != self.healthy:
+            self.healthy = healthy
+            if self._on_health is not None:
+                self._on_health()
 
     def _complete(self, jobs: list[Job], num_samples: int, start_s: float,
                   result: BatchResult) -> None:

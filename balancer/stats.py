@@ -134,6 +134,7 @@ class ModelCounters:
     dropped: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     lateness: Lateness = field(default_factory=Lateness)
+    rerouted: int = 0  # requests moved off a replica that lost its worker
 
     def record_batch(self, num_samples: int, timing: BatchTiming) -> None:
         stat = self.batches.get(num_samples)
@@ -166,6 +167,8 @@ class ReplicaSnapshot:
     batch_size_counts: dict[int, int]
     stages: tuple[dict[str, Any], ...] = ()  # pipeline replicas: their worker's plan
     num_repartitions: int = 0
+    healthy: bool = True  # in routing (False while its lost worker restarts)
+    restarts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,11 @@ class EvenflowAdminStub:
                 request_serializer=evenflow__pb2.SetDeviceSpeedRequest.SerializeToString,
                 response_deserializer=evenflow__pb2.SetDeviceSpeedResponse.FromString,
                 _registered_method=True)
+        self.SetDeviceFault = channel.unary_unary(
+                '/evenflow.v1.EvenflowAdmin/SetDeviceFault',
+                request_serializer=evenflow__pb2.SetDeviceFaultRequest.SerializeToString,
+                response_deserializer=evenflow__pb2.SetDeviceFaultResponse.FromString,
+                _registered_method=True)
 
 
 class EvenflowAdminServicer:
@@ -122,6 +127,13 @@ class EvenflowAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetDeviceFault(self, request, context):
+        """Fault injection on simulated devices, for tests and drills.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EvenflowAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -129,6 +141,11 @@ def add_EvenflowAdminServicer_to_server(servicer, server):
                     servicer.SetDeviceSpeed,
                     request_deserializer=evenflow__pb2.SetDeviceSpeedRequest.FromString,
                     response_serializer=evenflow__pb2.SetDeviceSpeedResponse.SerializeToString,
+            ),
+            'SetDeviceFault': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetDeviceFault,
+                    request_deserializer=evenflow__pb2.SetDeviceFaultRequest.FromString,
+                    response_serializer=evenflow__pb2.SetDeviceFaultResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -158,6 +175,33 @@ class EvenflowAdmin:
             '/evenflow.v1.EvenflowAdmin/SetDeviceSpeed',
             evenflow__pb2.SetDeviceSpeedRequest.SerializeToString,
             evenflow__pb2.SetDeviceSpeedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetDeviceFault(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/evenflow.v1.EvenflowAdmin/SetDeviceFault',
+            evenflow__pb2.SetDeviceFaultRequest.SerializeToString,
+            evenflow__pb2.SetDeviceFaultResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -55,6 +55,8 @@ class App:
         self.port = 0
         self.models = ModelTable()
         self.manager: ModelManager | None = None
+        self._serving = True
+        self._health_updates: set[asyncio.Task[None]] = set()
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._frontend: InferenceServicer | None = None
@@ -68,7 +70,7 @@ class App:
         sys.setswitchinterval(config.gil_switch_interval_s)
         devices = parse_devices(config.devices or default_devices())
         # Set before loading, so that a failed start still closes what it built.
-        self.manager = ModelManager(config, self.models, devices)
+        self.manager = ModelManager(config, self.models, devices, on_health=self._health_changed)
         await self.manager.start()
         if any(d.kind == "cuda" for d in devices):
             self._nvml = NvmlSampler.open()
@@ -119,6 +121,25 @@ class App:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         return self.port
 
+    def _health_changed(self) -> None:
+        """A replica left or rejoined routing: health is NOT_SERVING while some model has no
+        replica in service (its requests would fail), SERVING again when every model has one."""
+        if self._frontend is None or self._frontend.draining:
+            return
+        serving = all(model.balancer.serving for model in self.models)
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        if serving != self._serving:
+            self._serving = serving
+            logger.warning("health: %s", "SERVING" if serving else "NOT_SERVING")
+            task = asyncio.create_task(self._set_health(status))
+            self._health_updates.add(task)
+            task.add_done_callback(self._health_updates.discard)
+
+    async def _set_health(self, status: int) -> None:
+        for service in ("", _INFERENCE_SERVICE.full_name):
+            await self._health.set(service, status)
+
     def _tls(self) -> TlsFiles | None:
         config = self.config
         if config.tls_cert is None or config.tls_key is None:
@@ -151,6 +172,7 @@ class App:
         if self._frontend is not None:  # new inference calls hear UNAVAILABLE from here on
             self._frontend.ready = False
             self._frontend.draining = True
+        await asyncio.gather(*self._health_updates)
         await self._health.enter_graceful_shutdown()
         if self.manager is not None:
             await self.manager.close(grace_s, abort)

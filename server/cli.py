@@ -102,6 +102,9 @@ FLAGS: dict[str, list[Flag]] = {
              "past its own deadline)", float),
         Flag("--no-work-stealing", "balancing.work_stealing",
              "least-work without moving queued work to idle replicas", const=False),
+        Flag("--watchdog-s", "balancing.watchdog_s",
+             "a worker that has not finished a batch after this long (or 10x its predicted "
+             "time) is lost: out of routing, its work re-run elsewhere, restarted", float),
         Flag("--priority-levels", "balancing.priority_levels",
              "priority levels requests may ask for (parameter 'priority', 1 most urgent)", int),
         Flag("--default-priority-level", "balancing.default_priority_level",

@@ -51,6 +51,11 @@ _REPLICA_METRICS: tuple[tuple[str, str, str, Callable[[ReplicaSnapshot], float]]
      "Samples the replica has run", lambda r: r.num_samples),
     ("evenflow_replica_stolen_requests_total", "counter",
      "Requests the replica took from busier replicas' queues", lambda r: r.num_stolen_requests),
+    ("evenflow_replica_healthy", "gauge",
+     "1 while the replica is in routing, 0 while its lost worker restarts",
+     lambda r: float(r.healthy)),
+    ("evenflow_replica_restarts_total", "counter",
+     "Times the replica's worker was restarted after dying or hanging", lambda r: r.restarts),
     ("evenflow_replica_repartitions_total", "counter",
      "Times the replica's pipeline was re-partitioned", lambda r: r.num_repartitions),
 )

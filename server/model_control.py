@@ -13,7 +13,7 @@ import dataclasses
 import enum
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,9 +112,10 @@ async def close_model(model: ServedModel, grace_s: float,
 class ModelManager:
     """Owns every served model: loads them into ``table`` and closes them."""
 
-    def __init__(self, config: ServerConfig, table: ModelTable,
-                 devices: list[DeviceSpec]) -> None:
+    def __init__(self, config: ServerConfig, table: ModelTable, devices: list[DeviceSpec],
+                 on_health: Callable[[], None] | None = None) -> None:
         self._config = config
+        self._on_health = on_health
         self._table = table
         self._devices = devices
         self._entries = {m.name: ModelEntry(m) for m in config.model_configs()}
@@ -200,7 +201,8 @@ class ModelManager:
         workers = await asyncio.to_thread(
             build_workers, model.name, definition, self._devices, DTYPES[config.dtype],
             model.pipeline, config.cpu_threads)
-        balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer)
+        balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
+                                 on_health=self._on_health)
         balancer.start()
         return ServedModel(model.name, definition, balancer)
 

@@ -26,7 +26,8 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
         num_stolen_requests=snapshot.num_stolen_requests,
         running_requests=snapshot.running_requests,
         stages=[ef.PipelineStage(**stage) for stage in snapshot.stages],
-        num_repartitions=snapshot.num_repartitions,
+        num_repartitions=snapshot.num_repartitions, healthy=snapshot.healthy,
+        restarts=snapshot.restarts,
         batch_size_counts=snapshot.batch_size_counts)
 
 
@@ -82,3 +83,21 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no simulated device named {request.device!r}")
         return ef.SetDeviceSpeedResponse(previous_speed=previous or 0.0)
+
+    async def SetDeviceFault(self, request: ef.SetDeviceFaultRequest,
+                             context: grpc.aio.ServicerContext) -> ef.SetDeviceFaultResponse:
+        found = False
+        for model in self._models:  # every model's worker on that device
+            for replica in model.balancer.replicas:
+                worker = replica.worker
+                setter = getattr(worker, "set_device_fault", None)
+                if callable(setter) and request.device in worker.devices:
+                    try:
+                        setter(request.device, request.fault, request.count)
+                    except ValueError as exc:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                    found = True
+        if not found:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no simulated device named {request.device!r}")
+        return ef.SetDeviceFaultResponse()

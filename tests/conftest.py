@@ -48,6 +48,7 @@ class FakeWorker:
     batches: list[list[int]] = field(default_factory=list)
     fail_with: list[BaseException] = field(default_factory=list)
     closed: bool = False
+    restarted: int = 0
     _gates: list[asyncio.Future[None]] = field(default_factory=list)
     started: asyncio.Event | None = None
 
@@ -69,12 +70,16 @@ class FakeWorker:
         return BatchResult([("out", job.payload) for job in jobs], BatchTiming(0.0, cost_s, 0.0))
 
     def release(self) -> None:
+        self._gates = [g for g in self._gates if not g.done()]  # cancelled: the run went away
         gate = self._gates.pop(0)
         gate.set_result(None)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._gates)
+        return sum(1 for gate in self._gates if not gate.done())
+
+    async def restart(self) -> None:
+        self.restarted += 1
 
     async def close(self) -> None:
         self.closed = True

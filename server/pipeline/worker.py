@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from evenflow.balancer.errors import BatchFailed, ShuttingDown
+from evenflow.balancer.errors import BatchFailed, ShuttingDown, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job
 from evenflow.balancer.partition import StagePlan, even_split, plan_stages
 from evenflow.server.models.spec import ModelDefinition
@@ -252,6 +252,11 @@ class PipelineWorker:
                  "planned_s": self.plan.stage_costs_s[i], "measured_s": self._measured_s[i],
                  "memory_bytes": self.plan.stage_memory_bytes[i]}
                 for i, spec in enumerate(self._devices)]
+
+    async def restart(self) -> None:
+        """Not yet: a pipeline's stage threads and their hand-offs are rebuilt only by a
+        re-partition; a lost pipeline replica stays out of routing (its retries are logged)."""
+        raise WorkerLost(f"{self._name}: pipeline replicas cannot be restarted yet")
 
     async def close(self) -> None:
         if self._closed:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from evenflow.balancer.errors import BatchFailed, EvenflowError
+from evenflow.balancer.errors import BatchFailed, EvenflowError, WorkerLost
 from evenflow.balancer.job import BatchResult, Job
 
 logger = logging.getLogger(__name__)
@@ -29,11 +30,15 @@ class ThreadWorker:
     def __init__(self, *, name: str, devices: Sequence[str]) -> None:
         self._name = name
         self._devices = tuple(devices)
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._thread_main, name=f"worker:{name}",
-                                        daemon=True)
         self._closed = False
-        self._thread.start()
+        self._inbox, self._thread = self._start_thread()
+
+    def _start_thread(self) -> tuple[queue.SimpleQueue[Any], threading.Thread]:
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        thread = threading.Thread(target=self._thread_main, args=(inbox,),
+                                  name=f"worker:{self._name}", daemon=True)
+        thread.start()
+        return inbox, thread
 
     @property
     def name(self) -> str:
@@ -46,6 +51,8 @@ class ThreadWorker:
     async def run(self, jobs: Sequence[Job]) -> BatchResult:
         if self._closed:
             raise BatchFailed(f"worker {self._name} is closed")
+        if not self._thread.is_alive():
+            raise WorkerLost(f"worker {self._name}'s thread has exited")
         loop = asyncio.get_running_loop()
         future: asyncio.Future[BatchResult] = loop.create_future()
         self._inbox.put((jobs, future, loop))
@@ -64,26 +71,49 @@ class ThreadWorker:
             logger.warning("worker %s did not stop within %.0f s; abandoning its thread",
                            self._name, timeout_s)
 
-    def _thread_main(self) -> None:
-        with self._thread_main_context():
-            while True:
-                item = self._inbox.get()
-                if item is _STOP:
-                    return
-                jobs, future, loop = item
-                deliver: Callable[[asyncio.Future[Any], Any], None]
-                try:
-                    result: Any = self._execute(jobs)
-                    deliver = _set_result
-                except EvenflowError as exc:
-                    result, deliver = exc, _set_exception
-                except Exception as exc:
-                    result = BatchFailed(f"{type(exc).__name__}: {exc}")
-                    deliver = _set_exception
-                try:
-                    loop.call_soon_threadsafe(deliver, future, result)
-                except RuntimeError:  # the loop closed while the batch ran
-                    logger.debug("%s: loop closed before a result could be delivered", self._name)
+    async def restart(self) -> None:
+        """A new thread with a new inbox; the old thread (dead, or hung in a batch) is abandoned:
+        it is told to stop when it next reads its own inbox, and its late result goes to a
+        future already settled. It is a daemon, so it cannot hold the process."""
+        if self._closed:
+            raise BatchFailed(f"worker {self._name} is closed")
+        self._inbox.put(_STOP)
+        self._inbox, self._thread = await asyncio.to_thread(self._start_thread)
+
+    def _thread_main(self, inbox: queue.SimpleQueue[Any]) -> None:
+        in_hand: tuple[asyncio.Future[Any], asyncio.AbstractEventLoop] | None = None
+        try:
+            with self._thread_main_context():
+                while True:
+                    item = inbox.get()
+                    if item is _STOP:
+                        return
+                    jobs, future, loop = item
+                    in_hand = (future, loop)
+                    self._serve(jobs, future, loop)
+                    in_hand = None
+        finally:
+            if in_hand is not None:  # the thread is dying with a batch in hand: say so
+                future, loop = in_hand
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_set_exception, future, WorkerLost(
+                        f"worker {self._name}'s thread exited while running a batch"))
+
+    def _serve(self, jobs: Sequence[Job], future: asyncio.Future[Any],
+               loop: asyncio.AbstractEventLoop) -> None:
+        deliver: Callable[[asyncio.Future[Any], Any], None]
+        try:
+            result: Any = self._execute(jobs)
+            deliver = _set_result
+        except EvenflowError as exc:
+            result, deliver = exc, _set_exception
+        except Exception as exc:
+            result = BatchFailed(f"{type(exc).__name__}: {exc}")
+            deliver = _set_exception
+        try:
+            loop.call_soon_threadsafe(deliver, future, result)
+        except RuntimeError:  # the loop closed while the batch ran
+            logger.debug("%s: loop closed before a result could be delivered", self._name)
 
     def _thread_main_context(self) -> Any:
         raise NotImplementedError

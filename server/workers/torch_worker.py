@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -88,6 +89,9 @@ class SimWorker(TorchWorker):
     def __init__(self, *, model_name: str, definition: ModelDefinition, device: DeviceSpec,
                  cpu_threads: int = 1) -> None:
         self.speed = device.speed
+        self._fault = ""  # "", "raise", "hang" or "die" (fault injection, see set_device_fault)
+        self._fault_count = 0
+        self._unhang = threading.Event()
         super().__init__(model_name=model_name, definition=definition,
                          device=DeviceSpec("cpu", 0, device.name), cpu_threads=cpu_threads)
 
@@ -102,7 +106,34 @@ class SimWorker(TorchWorker):
             raise KeyError(device)
         return self.set_speed(speed)
 
+    def set_device_fault(self, device: str, fault: str, count: int = 1) -> None:
+        """Inject a fault into this simulated device's next batches (tests and drills):
+        ``raise`` (the next ``count`` batches raise), ``hang`` (the next batch blocks until
+        ``clear``), ``die`` (the worker's thread exits in its next batch), ``clear``."""
+        if device not in self.devices:
+            raise KeyError(device)
+        if fault not in ("raise", "hang", "die", "clear"):
+            raise ValueError(f"unknown fault {fault!r}: raise, hang, die or clear")
+        self._unhang.set()  # a batch hung by an earlier fault may go on
+        self._fault, self._fault_count = ("", 0) if fault == "clear" else (fault, max(1, count))
+        if fault in ("hang",):
+            self._unhang = threading.Event()
+
+    def _inject(self) -> None:
+        """Runs in the worker thread at the start of a batch."""
+        if not self._fault_count:
+            return
+        fault = self._fault
+        self._fault_count -= 1
+        if fault == "raise":
+            raise BatchFailed(f"injected fault on {self.devices[0]}: the model raised")
+        if fault == "hang":
+            self._unhang.wait()
+        elif fault == "die":
+            raise SystemExit(f"injected fault on {self.devices[0]}: the worker died")
+
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
+        self._inject()
         start = time.perf_counter()
         speed = self.speed
         set_thread_speed(speed)

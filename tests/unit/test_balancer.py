@@ -396,3 +396,47 @@ async def test_a_cancelled_request_gives_its_queue_slot_back(
     assert balancer.counters.dropped == {"cancelled": 1}
     with pytest.raises(Overloaded, match="limit 2"):
         balancer.submit("no slot left", 1)
+
+
+async def test_a_dead_worker_has_its_batch_rerun_elsewhere_and_is_restarted(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    from evenflow.balancer import WorkerLost
+
+    dying = FakeWorker("dying", fail_with=[WorkerLost("thread exited")])
+    healthy = FakeWorker("healthy")
+    balancer = make_balancer([dying, healthy], policy=Policy.ROUND_ROBIN)
+    health_changes = []
+    for replica in balancer.replicas:
+        replica._on_health = lambda: health_changes.append(  # type: ignore[assignment]
+            [r.healthy for r in balancer.replicas])
+    answer = balancer.submit("a", 1)  # round-robin sends it to "dying" first
+    assert await answer == ("out", "a")  # re-run on "healthy"
+    assert dying.batches == [[1]] and healthy.batches == [[1]]
+    await settle()
+    assert dying.restarted == 1
+    assert health_changes == [[False, True], [True, True]]  # out of routing, then back
+    assert balancer.counters.rerouted == 1
+
+
+async def test_a_hung_worker_is_caught_by_the_watchdog(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    hung = FakeWorker("hung", gated=True)
+    healthy = FakeWorker("healthy")
+    balancer = make_balancer([hung, healthy], policy=Policy.ROUND_ROBIN, watchdog_s=0.05)
+    answer = balancer.submit("a", 1)
+    assert await asyncio.wait_for(answer, 5) == ("out", "a")
+    assert hung.batches == [[1]] and healthy.batches == [[1]]
+    await settle()
+    assert hung.restarted == 1 and all(r.healthy for r in balancer.replicas)
+
+
+async def test_a_request_whose_workers_are_lost_twice_fails_unavailable(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    from evenflow.balancer import ErrorCode, WorkerLost
+
+    workers = [FakeWorker(f"w{i}", fail_with=[WorkerLost("died")]) for i in range(2)]
+    balancer = make_balancer(workers, policy=Policy.ROUND_ROBIN)
+    answer = balancer.submit("a", 1)
+    with pytest.raises(WorkerLost, match="lost twice") as info:
+        await answer
+    assert info.value.code is ErrorCode.UNAVAILABLE
