@@ -36,6 +36,7 @@ class ReplicaLoad:
     arrival_rate_per_s: float = 0.0  # samples recently routed here per second
     cold: bool = False  # no batch measured yet: its a and c are only the prior
     shape_groups: int = 1  # distinct input shapes queued: each needs a batch of its own
+    stale: bool = False  # idle, and its fit was last confirmed long ago: worth one probe
 
     def work_s(self, extra_samples: int = 0) -> float:
         """Seconds until this replica has finished everything it holds, plus ``extra_samples``
@@ -45,6 +46,11 @@ class ReplicaLoad:
         arrive before it starts (up to the batch size): a busy replica's next batch fills up
         behind a new request and takes longer, which a snapshot of the queue alone misses.
         """
+        if self.stale:
+            # A replica that has sat idle on an old estimate (a device that was slow, or lost,
+            # and has recovered) gets one request to measure itself again; a still-slow one
+            # costs that request, then is priced by its new measurement.
+            return 0.0
         if self.cold and (self.running_requests or self.queued_samples):
             # Probe, then trust: a replica that has not reported a batch yet takes one batch's
             # worth at most, or a slow new device priced by the prior would soak up a burst.

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 _RATE_TAU_S = 0.5  # arrival rates forget with this time constant
 _MAX_RESTART_DELAY_S = 30.0
+_STALE_S = 1.0  # an idle replica whose last batch ended longer ago than this gets a probe
 
 
 class Replica:
@@ -90,6 +91,7 @@ class Replica:
         self._on_health = on_health
         self.healthy = True
         self.restarts = 0
+        self._last_done_s = -math.inf
         self._restart_task: asyncio.Task[None] | None = None
 
     @property
@@ -140,10 +142,12 @@ class Replica:
     def load(self, now_s: float) -> ReplicaLoad:
         fit = self.estimator.fit
         remaining = max(0.0, self._running_end_s - now_s) if self._running_requests else 0.0
+        stale = (not self._running_requests and not len(self.queue) and self.estimator.observed
+                 and now_s - self._last_done_s > _STALE_S)
         return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
                            len(self.queue), fit.base_s, fit.per_sample_s,
                            self._next_batch_size(now_s, remaining), self._decayed_rate(now_s),
-                           not self.estimator.observed, self.queue.num_shape_groups)
+                           not self.estimator.observed, self.queue.num_shape_groups, stale)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self.estimator.fit
@@ -306,6 +310,7 @@ class Replica:
     def _complete(self, jobs: list[Job], num_samples: int, start_s: float,
                   result: BatchResult) -> None:
         now_s = self._clock()
+        self._last_done_s = now_s
         device_s = result.timing.total_s
         self.estimator.observe(num_samples, device_s)
         self.controller.update(self.estimator.fit, num_samples, device_s)

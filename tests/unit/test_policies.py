@@ -140,3 +140,11 @@ def test_distinct_shapes_are_priced_as_separate_batches() -> None:
     one_shape = ReplicaLoad(0.0, 0, 4, 4, 0.010, 0.001, 8)
     four_shapes = ReplicaLoad(0.0, 0, 4, 4, 0.010, 0.001, 8, shape_groups=4)
     assert four_shapes.work_s() == pytest.approx(one_shape.work_s() + 3 * 0.010)
+
+
+def test_an_idle_replica_on_a_stale_estimate_gets_a_probe() -> None:
+    fast = ReplicaLoad(0.0, 0, 0, 0, 0.005, 0.001, 8)
+    was_slow = ReplicaLoad(0.0, 0, 0, 0, 0.050, 0.010, 8, stale=True)
+    assert choose_least_work([fast, was_slow], 1, random.Random(0)) == 1
+    fresh_slow = ReplicaLoad(0.0, 0, 0, 0, 0.050, 0.010, 8)
+    assert choose_least_work([fast, fresh_slow], 1, random.Random(0)) == 0
