@@ -235,6 +235,11 @@ class ModelBalancer:
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
                              f"{finish_s * 1e3:.0f} ms, after the request's deadline "
                              f"({(deadline_s - now_s) * 1e3:.0f} ms from now)")
+        if replica.queue.num_samples + num_samples <= replica.controller.batch_size:
+            # It joins the next batch: the batch sizes already keep that within the target
+            # (max wait + the running batch + its own), so a prediction near the target at
+            # moderate load is no reason to refuse it.
+            return
         if config.max_queue_delay_s is not None:
             wait_s = finish_s - replica.estimator.predict_s(
                 max(num_samples, replica.controller.batch_size))
