@@ -235,11 +235,6 @@ class ModelBalancer:
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
                              f"{finish_s * 1e3:.0f} ms, after the request's deadline "
                              f"({(deadline_s - now_s) * 1e3:.0f} ms from now)")
-        if replica.queue.num_samples + num_samples <= replica.controller.batch_size:
-            # It joins the next batch: the batch sizes already keep that within the target
-            # (max wait + the running batch + its own), so a prediction near the target at
-            # moderate load is no reason to refuse it.
-            return
         if config.max_queue_delay_s is not None:
             wait_s = finish_s - replica.estimator.predict_s(
                 max(num_samples, replica.controller.batch_size))
@@ -248,7 +243,13 @@ class ModelBalancer:
                 raise Overloaded(f"model {self.model_name!r} is predicted to queue the request "
                                  f"for {wait_s * 1e3:.0f} ms, over the queueing budget of "
                                  f"{config.max_queue_delay_s * 1e3:.0f} ms")
-        elif finish_s + counters.lateness.margin_s > config.latency_target_s:
+            return
+        if replica.queue.num_samples + num_samples <= replica.controller.batch_size:
+            # It joins the next batch: the batch sizes already keep that within the target
+            # (max wait + the running batch + its own), so a prediction near the target at
+            # moderate load is no reason to refuse it.
+            return
+        if finish_s + counters.lateness.margin_s > config.latency_target_s:
             counters.rejected["latency_target"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
                              f"{finish_s * 1e3:.0f} ms (+{counters.lateness.margin_s * 1e3:.0f} "

@@ -4,9 +4,10 @@ Two sim devices (10 ms + 2 ms per sample at speed 1, the default 50 ms latency t
 arrivals at ``--load`` x capacity for ``--seconds``. Admission by time is off
 (``--max-queue-delay-ms inf``): this measures stability, and with batch sizes that fill the
 target, Poisson bursts at 70 % load put a few requests (0.07 % in a 20 s run) past what the
-latency target admits; ``benchmarks.overload`` measures admission. The server's resident memory is sampled
-every ``--sample-s``; growth is measured from the end of the warm-up (the first fifth) to the
-end. Reported: answers by status, RSS after warm-up and at the end, growth, p99 latency.
+latency target admits; ``benchmarks.overload`` measures admission. The server's resident
+memory is sampled every ``--sample-s``; growth is measured from the end of the warm-up (the
+first fifth) to the end. Reported: answers by status, RSS after warm-up and at the end,
+growth, p99 latency.
 
     python -m benchmarks.soak                 # 10 minutes
     python -m benchmarks.soak --seconds 30    # what CI runs (tests/integration/test_soak.py)
