@@ -131,10 +131,13 @@ class ModelBalancer:
                                            prior_per_sample_s=config.prior_per_sample_s),
                     counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
                     find_work=steal, others_in_flight=self._others_in_flight,
-                    watchdog_s=config.watchdog_s, on_lost=self._reroute, on_health=on_health)
+                    watchdog_s=config.watchdog_s, on_lost=self._reroute,
+                    on_health=self._health_changed)
             for worker in workers
         ]
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
+        self._in_service = list(self.replicas)  # the healthy replicas, in routing
+        self._on_health = on_health
 
     def start(self) -> None:
         """Start the replica loops on the running event loop (the one ``submit`` is called on)."""
@@ -145,7 +148,12 @@ class ModelBalancer:
     @property
     def serving(self) -> bool:
         """Whether any replica is in routing (health says NOT_SERVING when none is)."""
-        return any(replica.healthy for replica in self.replicas)
+        return bool(self._in_service)
+
+    def _health_changed(self) -> None:
+        self._in_service = [replica for replica in self.replicas if replica.healthy]
+        if self._on_health is not None:
+            self._on_health()
 
     @property
     def admitted_requests(self) -> int:
@@ -284,8 +292,7 @@ class ModelBalancer:
 
     def _route(self, job: Job, now_s: float) -> tuple[Replica, float]:
         """The replica for ``job`` and the seconds until it is predicted to finish there."""
-        replicas = self.replicas if all(r.healthy for r in self.replicas) else \
-            [r for r in self.replicas if r.healthy]
+        replicas = self._in_service
         num_samples = job.num_samples
         policy = self.config.policy
         if len(replicas) == 1:

@@ -8,7 +8,6 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from evenflow.balancer import BalancerConfig
 from evenflow.server.models.repository import BuiltinOptions
@@ -122,14 +121,3 @@ class ServerConfig:
     def resolve(self, model: ModelConfig) -> ModelConfig:
         return dataclasses.replace(model, balancer=model.balancer or self.balancer,
                                    pipeline=model.pipeline or self.pipeline)
-
-
-def default_of(cls: type, name: str) -> Any:
-    """The default of dataclass ``cls``'s field ``name`` (for help texts and the file schema)."""
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            if f.default is not dataclasses.MISSING:
-                return f.default
-            if f.default_factory is not dataclasses.MISSING:
-                return f.default_factory()
-    raise KeyError(f"{cls.__name__} has no default for {name!r}")

@@ -34,7 +34,7 @@ from evenflow.server.config import DTYPES, PARTITIONS, ModelConfig, PipelineConf
 from evenflow.server.datatypes import WIRE_TYPES
 from evenflow.server.models.builtin import ENCODER_SIZES
 from evenflow.server.models.exported import EXPORTED_SUFFIX
-from evenflow.server.models.repository import BUILTIN_MODELS
+from evenflow.server.models.repository import BUILTIN_MODELS, TORCHSCRIPT_SUFFIXES
 from evenflow.server.models.spec import TensorSpec
 from evenflow.server.workers.devices import parse_devices
 
@@ -42,7 +42,6 @@ Port = Annotated[int, Field(ge=0, le=65535)]
 Positive = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
-TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts")
 
 
 class _Section(BaseModel):

@@ -24,6 +24,7 @@ from evenflow.server.models.exported import EXPORTED_SUFFIX, load_exported
 from evenflow.server.models.spec import ModelDefinition, SimProfile, TensorSpec
 
 BUILTIN_MODELS = ("mlp", "encoder", "sim", "simlayers")
+TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +59,7 @@ def load_definition(source: str, options: BuiltinOptions) -> ModelDefinition:
         return builders[source]()
     if source.endswith(EXPORTED_SUFFIX):
         return load_exported(Path(source))
-    if source.endswith((".pt", ".pth", ".ts")):
+    if source.endswith(TORCHSCRIPT_SUFFIXES):
         return load_torchscript(Path(source))
     if ":" in source:
         return _load_factory(source)

@@ -405,10 +405,8 @@ async def test_a_dead_worker_has_its_batch_rerun_elsewhere_and_is_restarted(
     dying = FakeWorker("dying", fail_with=[WorkerLost("thread exited")])
     healthy = FakeWorker("healthy")
     balancer = make_balancer([dying, healthy], policy=Policy.ROUND_ROBIN)
-    health_changes = []
-    for replica in balancer.replicas:
-        replica._on_health = lambda: health_changes.append(  # type: ignore[assignment]
-            [r.healthy for r in balancer.replicas])
+    health_changes: list[list[bool]] = []
+    balancer._on_health = lambda: health_changes.append([r.healthy for r in balancer.replicas])
     answer = balancer.submit("a", 1)  # round-robin sends it to "dying" first
     assert await answer == ("out", "a")  # re-run on "healthy"
     assert dying.batches == [[1]] and healthy.batches == [[1]]
