@@ -22,11 +22,16 @@ class BusyMeter:
     def record(self, start_s: float, end_s: float) -> None:
         self._intervals.append((start_s, end_s))
         self.total_busy_s += end_s - start_s
+        self._forget_before(end_s - self._window_s)  # bounded even if nobody reads it
+
+    def _forget_before(self, since_s: float) -> None:
+        intervals = self._intervals
+        while intervals and intervals[0][1] <= since_s:
+            intervals.popleft()
 
     def fraction(self, now_s: float, running_since_s: float | None = None) -> float:
         since_s = now_s - self._window_s
-        while self._intervals and self._intervals[0][1] <= since_s:
-            self._intervals.popleft()
+        self._forget_before(since_s)
         busy_s = sum(end - max(start, since_s) for start, end in self._intervals)
         if running_since_s is not None:
             busy_s += now_s - max(running_since_s, since_s)

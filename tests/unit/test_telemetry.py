@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from evenflow.server.telemetry import NvmlSampler
 
 
@@ -69,3 +71,13 @@ def test_absent_nvml_means_no_sampler(monkeypatch) -> None:  # type: ignore[no-u
 
     monkeypatch.setattr(builtins, "__import__", no_pynvml)
     assert NvmlSampler.open() is None
+
+
+def test_the_busy_meter_forgets_old_intervals_even_when_nobody_reads_it() -> None:
+    from evenflow.balancer.stats import BusyMeter
+
+    meter = BusyMeter(window_s=1.0)
+    for i in range(10_000):
+        meter.record(i * 0.01, i * 0.01 + 0.005)
+    assert len(meter._intervals) <= 101  # one window's worth, not 10,000
+    assert meter.fraction(100.0) == pytest.approx(0.5)
