@@ -18,6 +18,11 @@ logger = logging.getLogger(__name__)
 _STOP = object()
 
 
+class ThreadExit(BaseException):
+    """Ends a worker's thread from inside a batch, as a crash would (fault injection): the
+    batch in hand is answered WorkerLost and the thread is gone."""
+
+
 class ThreadWorker:
     """Base of the device workers: one thread, one batch at a time.
 
@@ -81,6 +86,10 @@ class ThreadWorker:
         self._inbox, self._thread = await asyncio.to_thread(self._start_thread)
 
     def _thread_main(self, inbox: queue.SimpleQueue[Any]) -> None:
+        with contextlib.suppress(ThreadExit):
+            self._thread_loop(inbox)
+
+    def _thread_loop(self, inbox: queue.SimpleQueue[Any]) -> None:
         in_hand: tuple[asyncio.Future[Any], asyncio.AbstractEventLoop] | None = None
         try:
             with self._thread_main_context():

@@ -16,7 +16,7 @@ from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
-from evenflow.server.workers.thread_worker import ThreadWorker
+from evenflow.server.workers.thread_worker import ThreadExit, ThreadWorker
 from evenflow.server.workers.tracing import trace_or_keep
 
 
@@ -130,7 +130,7 @@ class SimWorker(TorchWorker):
         if fault == "hang":
             self._unhang.wait()
         elif fault == "die":
-            raise SystemExit(f"injected fault on {self.devices[0]}: the worker died")
+            raise ThreadExit(f"injected fault on {self.devices[0]}: the worker died")
 
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
         self._inject()

@@ -438,3 +438,24 @@ async def test_a_request_whose_workers_are_lost_twice_fails_unavailable(
     with pytest.raises(WorkerLost, match="lost twice") as info:
         await answer
     assert info.value.code is ErrorCode.UNAVAILABLE
+
+
+async def test_with_no_replica_in_service_requests_hear_unavailable(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    from evenflow.balancer import ErrorCode, WorkerLost
+
+    class Unrestartable(FakeWorker):
+        async def restart(self) -> None:
+            raise WorkerLost("the device is gone")
+
+    worker = Unrestartable("only", fail_with=[WorkerLost("died")])
+    balancer = make_balancer([worker])
+    states: list[bool] = []
+    balancer._on_health = lambda: states.append(balancer.serving)
+    first = balancer.submit("a", 1)
+    with pytest.raises(WorkerLost, match="no other replica is in service"):
+        await first
+    assert states == [False] and not balancer.serving  # health would say NOT_SERVING
+    with pytest.raises(WorkerLost, match="no replica in service") as info:
+        balancer.submit("b", 1)
+    assert info.value.code is ErrorCode.UNAVAILABLE
