@@ -21,8 +21,10 @@ async def test_concurrent_requests_of_many_lengths_get_their_own_answers(factory
     lengths = [3, 5, 3, 7, 5, *rng.integers(1, 32, 60).tolist()]
     xs = [rng.standard_normal((int(rng.integers(1, 3)), n)).astype(np.float32) for n in lengths]
     balancer = BalancerConfig(max_wait_s=0.005, max_queue_delay_s=float("inf"))
-    async with running_app((("m", f"tests.fixture_models:{factory}"),), balancer=balancer) \
-            as (app, url), AsyncClient(url) as client:
+    # A sim device runs the model, then takes its simulated batch time (10 ms + 2 ms a sample):
+    # slow enough that concurrent requests of different lengths meet in one queue.
+    async with running_app((("m", f"tests.fixture_models:{factory}"),), devices="sim:1",
+                           balancer=balancer) as (app, url), AsyncClient(url) as client:
         ys = await asyncio.gather(*(client.infer("m", {"x": x}) for x in xs))
         counters = app.models.get("m").balancer.counters
         batches, requests = counters.execution_count, len(xs)
