@@ -205,29 +205,29 @@ class ModelBalancer:
         return future
 
     def _admit_by_count(self, num_samples: int, now_s: float) -> None:
-        config, counters = self.config, self.counters
-        if self._over_count_bound(num_samples):
-            for queue in self._queues:  # cancelled and expired requests give their slots back
-                queue.purge(now_s)
+        if self._count_bound_hit(num_samples) is None:
+            return
+        for queue in self._queues:  # cancelled and expired requests give their slots back
+            queue.purge(now_s)
+        reason = self._count_bound_hit(num_samples)
+        if reason is not None:
+            self.counters.rejected["queue_full"] += 1
+            raise Overloaded(reason)
+
+    def _count_bound_hit(self, num_samples: int) -> str | None:
+        """Why ``num_samples`` more would break a count bound, or None."""
+        config = self.config
         queued = self.queued_requests
         if queued >= config.max_queued_requests:
-            counters.rejected["queue_full"] += 1
-            raise Overloaded(f"model {self.model_name!r} has {queued} requests queued (limit "
-                             f"{config.max_queued_requests}, --max-queued-requests)")
+            return (f"model {self.model_name!r} has {queued} requests queued (limit "
+                    f"{config.max_queued_requests}, --max-queued-requests)")
         if config.max_queued_samples is not None:
             samples = sum(queue.num_samples for queue in self._queues)
             if samples + num_samples > config.max_queued_samples:
-                counters.rejected["queue_full"] += 1
-                raise Overloaded(f"model {self.model_name!r} has {samples} samples queued; "
-                                 f"{num_samples} more exceed the limit of "
-                                 f"{config.max_queued_samples} (--max-queue-samples)")
-
-    def _over_count_bound(self, num_samples: int) -> bool:
-        config = self.config
-        if self.queued_requests >= config.max_queued_requests:
-            return True
-        return config.max_queued_samples is not None and num_samples + sum(
-            queue.num_samples for queue in self._queues) > config.max_queued_samples
+                return (f"model {self.model_name!r} has {samples} samples queued; "
+                        f"{num_samples} more exceed the limit of "
+                        f"{config.max_queued_samples} (--max-queue-samples)")
+        return None
 
     def _admit_in_time(self, replica: Replica, num_samples: int, now_s: float, finish_s: float,
                        deadline_s: float) -> None:

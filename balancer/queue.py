@@ -119,9 +119,8 @@ class JobQueue:
         return False
 
     def _remove(self, jobs: deque[Job], index: int) -> None:
-        job = jobs.popleft() if index == 0 else jobs[index]
-        if index:
-            del jobs[index]
+        job = jobs[index]
+        del jobs[index]  # O(1) at the front, where it nearly always is
         self._forget(job)
 
     def _forget(self, job: Job) -> None:

@@ -104,8 +104,8 @@ class Lateness:
 
     def refresh(self) -> None:
         if self._recent:
-            ordered = sorted(self._recent)
-            index = min(len(ordered) - 1, int(self._quantile * len(ordered)))
+            ordered = sorted(self._recent)  # nearest rank, as loadtest.percentiles
+            index = max(0, math.ceil(self._quantile * len(ordered)) - 1)
             self.margin_s = max(0.0, ordered[index])
 
 

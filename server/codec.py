@@ -168,12 +168,30 @@ def requested_outputs(request: pb.ModelInferRequest,
     return chosen
 
 
-def check_parameters(request: pb.ModelInferRequest) -> None:
-    """Refuse request parameters evenflow does not act on (call only when there are any)."""
+def read_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None]:
+    """The request's Triton ``priority`` (0: the model's default level) and ``timeout`` in
+    seconds (None: none); any parameter evenflow does not act on is refused. Call only when the
+    request has parameters."""
     unknown = sorted(set(request.parameters) - {*REQUEST_PARAMETERS, *HARMLESS_PARAMETERS})
     if unknown:
         raise InvalidRequest(f"unsupported request parameters {[k[:64] for k in unknown[:4]]}; "
                              f"evenflow acts on {list(REQUEST_PARAMETERS)}")
+    timeout_us = _integer_parameter(request, "timeout")
+    return (_integer_parameter(request, "priority") or 0,
+            timeout_us / 1e6 if timeout_us else None)
+
+
+def _integer_parameter(request: pb.ModelInferRequest, key: str) -> int | None:
+    if key not in request.parameters:
+        return None
+    parameter = request.parameters[key]
+    kind = parameter.WhichOneof("parameter_choice")
+    if kind not in ("int64_param", "uint64_param"):
+        raise InvalidRequest(f"parameter {key!r} must be an integer, not {kind}")
+    value = int(getattr(parameter, kind))
+    if value < 0:
+        raise InvalidRequest(f"parameter {key!r} must be >= 0, not {value}")
+    return value
 
 
 def encode_response(request: pb.ModelInferRequest, specs: Sequence[TensorSpec],

@@ -18,7 +18,11 @@ from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec, shapes
 from evenflow.server.decoding import Undecodable, tolerant_deserializer
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
-from evenflow.server.model_control import ModelManager, source_from_load_parameters
+from evenflow.server.model_control import (
+    ModelManager,
+    ModelState,
+    source_from_load_parameters,
+)
 from evenflow.server.served import MODEL_VERSION, ModelTable, ServedModel
 
 logger = logging.getLogger(__name__)
@@ -62,9 +66,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         specs = model.definition
         priority = 0
         if request.parameters:
-            codec.check_parameters(request)
-            priority = _priority(request)
-            deadline_s = min(deadline_s, _timeout_deadline_s(request))
+            priority, timeout_s = codec.read_parameters(request)
+            if timeout_s is not None:
+                deadline_s = min(deadline_s, time.monotonic() + timeout_s)
         arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
         chosen = codec.requested_outputs(request, specs.outputs)
         if not specs.variable_shapes:
@@ -189,7 +193,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryIndexResponse(models=[
             index(name=name, version=MODEL_VERSION, state=entry.state.value, reason=entry.reason)
             for name, entry in self._manager.index()
-            if not request.ready or entry.state.value == "READY"])
+            if not request.ready or entry.state is ModelState.READY])
 
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   context: grpc.aio.ServicerContext
@@ -223,30 +227,6 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         except EvenflowError as exc:
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise
-
-
-def _integer_parameter(request: pb.ModelInferRequest, key: str) -> int | None:
-    if key not in request.parameters:
-        return None
-    parameter = request.parameters[key]
-    kind = parameter.WhichOneof("parameter_choice")
-    if kind not in ("int64_param", "uint64_param"):
-        raise InvalidRequest(f"parameter {key!r} must be an integer, not {kind}")
-    value = int(getattr(parameter, kind))
-    if value < 0:
-        raise InvalidRequest(f"parameter {key!r} must be >= 0, not {value}")
-    return value
-
-
-def _priority(request: pb.ModelInferRequest) -> int:
-    """Triton's ``priority`` request parameter (0 or absent: the model's default level)."""
-    return _integer_parameter(request, "priority") or 0
-
-
-def _timeout_deadline_s(request: pb.ModelInferRequest) -> float:
-    """Triton's ``timeout`` request parameter (microseconds; 0 or absent: none) as a deadline."""
-    timeout_us = _integer_parameter(request, "timeout")
-    return time.monotonic() + timeout_us / 1e6 if timeout_us else math.inf
 
 
 def add_inference_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
