@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from evenflow.loadtest.slo_search import Probe
+
 CSV_FIELDS = ("mode", "value", "throughput_per_s", "p50_ms", "p90_ms", "p99_ms", "p99.9_ms",
               "max_ms", "ok", "errors", "generator_cpu_fraction", "schedule_lag_p99_ms",
               "server_queue_ms", "server_compute_ms")
@@ -139,3 +141,32 @@ def write_markdown(out: Path, payload: dict[str, Any], plots: list[str]) -> None
     lines.append("")
     lines += [f"![{name}]({name})" for name in plots]
     (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+def plot_slo_probes(path: Path, probes_by_series: dict[str, list[Probe]], *, slo_s: float,
+                    limit_per_s: float | None = None, max_error_fraction: float = 0.01,
+                    title: str = "SLO search") -> str:
+    """Every run of an SLO search: p99 of successful requests against the offered rate, one
+    series per policy (or server); runs over the error threshold are drawn as crosses."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for index, (name, probes) in enumerate(probes_by_series.items()):
+        color = f"C{index}"
+        ordered = sorted(probes, key=lambda p: p.rate_per_s)
+        ok = [p for p in ordered if p.error_fraction <= max_error_fraction]
+        erring = [p for p in ordered if p.error_fraction > max_error_fraction]
+        ax.plot([p.rate_per_s for p in ok], [p.p99_s * 1e3 for p in ok], "o", color=color,
+                label=name, markersize=4)
+        if erring:
+            ax.plot([p.rate_per_s for p in erring], [p.p99_s * 1e3 for p in erring], "x",
+                    color=color, markersize=5)
+    ax.axhline(slo_s * 1e3, color="k", linestyle="--", linewidth=1, label="SLO")
+    if limit_per_s:
+        ax.axvline(limit_per_s, color="grey", linestyle=":", linewidth=1,
+                   label="computed limit")
+    ax.set_xlabel("offered rate (req/s)")
+    ax.set_ylabel("p99 of successful requests (ms)")
+    ax.set_yscale("log")
+    ax.set_title(f"{title} (x: errors over {max_error_fraction:.0%})")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
