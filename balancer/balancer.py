@@ -48,6 +48,8 @@ class BalancerConfig:
             its own deadline is refused either way.
         work_stealing: a replica that is idle, or starts a batch with room left, takes queued
             work from the busiest while it would finish sooner there (``least-work`` only).
+        late_binding: as a replica is about to start a batch, jobs in it that another replica
+            is now predicted to finish sooner move there, once at most (``least-work`` only).
         prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
         watchdog_s: a worker that has not finished a batch after this long (or ten times the
             batch's predicted time, if longer) is lost: taken out of routing, its work re-run
@@ -68,6 +70,7 @@ class BalancerConfig:
     max_queued_samples: int | None = None
     max_queue_delay_s: float | None = None
     work_stealing: bool = True
+    late_binding: bool = True
     watchdog_s: float = 30.0
     prior_base_s: float = 0.002
     prior_per_sample_s: float = 0.0002
@@ -121,6 +124,8 @@ class ModelBalancer:
         shared = JobQueue(levels, dropped) if config.policy is Policy.SHARED_QUEUE else None
         steal = (self._steal_for if config.policy is Policy.LEAST_WORK and config.work_stealing
                  and len(workers) > 1 else None)
+        rebind = (self._rebind if config.policy is Policy.LEAST_WORK and config.late_binding
+                  and len(workers) > 1 else None)
         self.replicas = [
             Replica(worker=worker,
                     queue=shared if shared is not None else JobQueue(levels, dropped),
@@ -132,7 +137,7 @@ class ModelBalancer:
                     counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
                     find_work=steal, others_in_flight=self._others_in_flight,
                     watchdog_s=config.watchdog_s, on_lost=self._reroute,
-                    on_health=self._health_changed)
+                    on_health=self._health_changed, rebind=rebind)
             for worker in workers
         ]
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
@@ -187,7 +192,8 @@ class ModelBalancer:
             raise RuntimeError("ModelBalancer.start() was not called")
         future: asyncio.Future[Any] = self._loop.create_future()
         job = Job(payload, num_samples, now_s, deadline_s, future, level,
-                  shape_key=shape_key)
+                  shape_key=shape_key,
+                  due_s=min(deadline_s, now_s + self.config.latency_target_s))
         replica, finish_s = self._route(job, now_s)
         self._admit_in_time(replica, num_samples, now_s, finish_s, deadline_s)
         if self.config.policy is Policy.LEAST_WORK:
@@ -334,6 +340,41 @@ class ModelBalancer:
             for job in reversed(moved):
                 thief.queue.push(job)
             thief.stats.num_stolen_requests += count
+
+    def _rebind(self, replica: Replica, batch: list[Job]) -> list[Job]:
+        """Late binding, as ``replica`` is about to start ``batch``: from the batch's least
+        urgent end, move a job to another replica while it is predicted to finish there sooner
+        than in this batch (which shrinks as jobs leave). A job moves once at most, so
+        predictions that change their minds cannot bounce it between replicas."""
+        others = [r for r in self._in_service if r is not replica]
+        if not others or not replica.estimator.fit.reliable:
+            return batch
+        now_s = self._clock()
+        samples = sum(job.num_samples for job in batch)
+        remaining_s = replica.load(now_s).running_remaining_s
+        kept = list(batch)
+        while kept:
+            job = kept[-1]
+            if job.rebound:
+                break
+            here_s = remaining_s + replica.estimator.predict_s(samples)
+            # Only replicas priced by their own measurements: a cold or stale one is a probe,
+            # which routing sends new work to, not work that was already placed.
+            candidates = [(other, load) for other in others
+                          if not (load := other.load(now_s)).cold and not load.stale]
+            if not candidates:
+                break
+            index = choose_least_work([load for _, load in candidates], job.num_samples,
+                                      self._rng)
+            target, load = candidates[index]
+            if load.work_s(job.num_samples) >= here_s:
+                break
+            kept.pop()
+            samples -= job.num_samples
+            job.rebound = True
+            target.queue.push(job)
+            self.counters.rebound += 1
+        return kept
 
     async def drain(self) -> None:
         """Refuse new work and wait until every admitted request has finished."""

@@ -12,8 +12,8 @@ from evenflow.balancer.job import Job
 
 
 class JobQueue:
-    """Jobs in priority levels (FIFO within a level) with a running sample count and cheap
-    wake-ups for the replicas that read it.
+    """Jobs in priority levels, earliest ``due_s`` first within a level (ties in arrival
+    order), with a running sample count and cheap wake-ups for the replicas that read it.
 
     Batches are taken from the most urgent level first; work stealing takes from the tail of the
     least urgent. Jobs whose caller went away (future cancelled) or whose deadline passed are
@@ -38,6 +38,8 @@ class JobQueue:
 
     @property
     def oldest_arrival_s(self) -> float:
+        """The arrival of the job at the front of each level, the earliest of them: the oldest
+        job, unless a tighter deadline went ahead of it."""
         return min(level[0].arrival_s for level in self._levels if level)
 
     @property
@@ -46,7 +48,14 @@ class JobQueue:
         return max(1, len(self._shapes)) if self._count else 0
 
     def push(self, job: Job) -> None:
-        self._levels[job.level].append(job)
+        jobs = self._levels[job.level]
+        if not jobs or jobs[-1].due_s <= job.due_s:
+            jobs.append(job)  # the common case: due times grow with arrival
+        else:
+            index = len(jobs) - 1
+            while index > 0 and jobs[index - 1].due_s > job.due_s:
+                index -= 1
+            jobs.insert(index, job)
         if job.shape_key is not None:
             self._shapes[job.shape_key] += 1
         self._count += 1

@@ -40,6 +40,10 @@ class Replica:
     worker; feeds the measured time to the latency model and the controller; resolves each job's
     future.
 
+    ``rebind`` is late binding: as a batch is about to start, the balancer may move jobs in it
+    to a replica that is now predicted to finish them sooner (the routing decision was made when
+    the job arrived; this is the last moment it can be revised).
+
     ``find_work`` is the balancer's work stealing. The replica calls it when its queue is empty,
     again every ``idle_poll_s`` while it stays so (a replica whose estimate is wrong, and so gets
     no new work, still takes work), and when it is about to start a batch with room left: work
@@ -62,7 +66,8 @@ class Replica:
                  others_in_flight: Callable[[Replica], bool] | None = None,
                  watchdog_s: float = math.inf,
                  on_lost: Callable[[Replica, list[Job], list[Job]], None] | None = None,
-                 on_health: Callable[[], None] | None = None) -> None:
+                 on_health: Callable[[], None] | None = None,
+                 rebind: Callable[[Replica, list[Job]], list[Job]] | None = None) -> None:
         self.worker = worker
         self.queue = queue
         self.controller = controller
@@ -93,6 +98,7 @@ class Replica:
         self.restarts = 0
         self._last_done_s = -math.inf
         self._restart_task: asyncio.Task[None] | None = None
+        self._rebind = rebind
 
     @property
     def name(self) -> str:
@@ -208,7 +214,12 @@ class Replica:
                 self.forming = self._close_early = False
                 if queue.num_samples < size and self._find_work is not None:
                     self._find_work(self)  # top the batch up from busier replicas' queues
-                return queue.take(size, now_s)
+                jobs = queue.take(size, now_s)
+                if self._rebind is not None and jobs:
+                    jobs = self._rebind(self, jobs)  # late binding: keep what finishes here first
+                if jobs:
+                    return jobs
+                continue
             self.forming = True
             await queue.wait_changed(wait_s)
 
@@ -312,8 +323,14 @@ class Replica:
         now_s = self._clock()
         self._last_done_s = now_s
         device_s = result.timing.total_s
-        self.estimator.observe(num_samples, device_s)
-        self.controller.update(self.estimator.fit, num_samples, device_s)
+        # What a request sees of its batch is the time from the batch's start to its answer on
+        # this loop: the device time plus the hand-offs to the worker and back and any delay of
+        # a busy loop. That is what the fit learns (it lands in ``a``), so batch sizes and
+        # admission budget for it. Batches that overlap (a pipeline) share the wall time; they
+        # learn the device time.
+        batch_s = max(device_s, now_s - start_s) if self._max_in_flight == 1 else device_s
+        self.estimator.observe(num_samples, batch_s)
+        self.controller.update(self.estimator.fit, num_samples, batch_s)
         stats = self.stats
         stats.busy.record(now_s - device_s, now_s)
         stats.num_batches += 1

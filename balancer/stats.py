@@ -140,6 +140,7 @@ class ModelCounters:
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     lateness: Lateness = field(default_factory=Lateness)
     rerouted: int = 0  # requests moved off a replica that lost its worker
+    rebound: int = 0  # requests moved by late binding as their batch was about to start
 
     def record_batch(self, num_samples: int, timing: BatchTiming) -> None:
         stat = self.batches.get(num_samples)

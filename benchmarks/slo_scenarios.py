@@ -112,8 +112,12 @@ class DeviceShare:
 
 @dataclass(frozen=True, slots=True)
 class Window:
+    """How long a probe runs (virtual seconds), and the per-request time outside the balancer
+    that a client would see on top (the gRPC round trip; 0 compares policies alone)."""
+
     warmup_s: float = 2.0
     measured_s: float = 8.0
+    transport_s: float = 0.0
 
 
 async def probe(scenario: Scenario, config: BalancerConfig, rate_per_s: float, seed: int,
@@ -146,7 +150,7 @@ async def probe(scenario: Scenario, config: BalancerConfig, rate_per_s: float, s
         if future.cancelled() or future.exception() is not None:
             errors += 1
         else:
-            latencies_s.append(loop.time() - arrived_s)
+            latencies_s.append(loop.time() - arrived_s + window.transport_s)
 
     for offset_s in send_times_s(Arrival.parse(scenario.arrival), rate_per_s,
                                  window.warmup_s + window.measured_s, seed):

@@ -3,6 +3,7 @@
     evenflow loadtest --url 127.0.0.1:8001 --model mlp --concurrency 1,8,64 --out results/mlp
     evenflow loadtest --url ... --model mlp --rate 200,500,1000 --arrival gamma:2 --out ...
     evenflow loadtest --url ... --model sim --scenario loadtest/scenarios/burst.toml --out ...
+    evenflow loadtest --url ... --model sim --slo-ms 50 --start-rate 300 --out results/goodput
     evenflow loadtest compare results/least-work results/round-robin
 """
 
@@ -10,20 +11,33 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from evenflow.client.credentials import Credentials
 from evenflow.loadtest.compare import compare
 from evenflow.loadtest.inputs import build_request, fetch_metadata, generated_arrays, npz_arrays
 from evenflow.loadtest.progress import LiveView, Progress
 from evenflow.loadtest.report import environment, write_results
-from evenflow.loadtest.runner import Target, binned_throughput
+from evenflow.loadtest.runner import Target
 from evenflow.loadtest.scenario import load_scenario, run_scenario
 from evenflow.loadtest.server_stats import ServerWatcher
-from evenflow.loadtest.sweep import LoadSpec, PointResult, generate, summarize
+from evenflow.loadtest.slo_search import Probe, SearchSettings, SloGoodput, search_goodput
+from evenflow.loadtest.sweep import (
+    RECORD_DTYPE,
+    SERIES_BIN_S,
+    GeneratorShare,
+    LoadSpec,
+    PointResult,
+    binned_p99_ms,
+    generate,
+    summarize,
+)
 
 
 def _floats(text: str) -> list[float]:
@@ -40,6 +54,17 @@ def parser() -> argparse.ArgumentParser:
     load.add_argument("--concurrency", type=_floats, help="closed loop: comma list of N")
     load.add_argument("--rate", type=_floats, help="open loop: comma list of requests/s")
     load.add_argument("--scenario", type=Path, help="a TOML timeline (see loadtest/scenarios)")
+    load.add_argument("--slo-ms", type=float, help="search for the highest open-loop rate whose "
+                      "p99 of successful requests stays within this many ms (SLO goodput)")
+    slo = p.add_argument_group("SLO search (--slo-ms)")
+    slo.add_argument("--start-rate", type=float, default=100.0,
+                     help="first rate tried, req/s (default 100; the search doubles or halves)")
+    slo.add_argument("--max-error-fraction", type=float, default=0.01,
+                     help="a rate fails when more of its requests fail (default 0.01)")
+    slo.add_argument("--tolerance", type=float, default=0.03,
+                     help="stop when the bracket is this narrow, relative (default 0.03)")
+    slo.add_argument("--repeats", type=int, default=3,
+                     help="runs per rate in the bisection, majority decides (default 3)")
     p.add_argument("--arrival", default="poisson", help="poisson | constant | gamma:CV")
     p.add_argument("--duration-s", type=float, default=10.0, help="per point (default 10)")
     p.add_argument("--warmup-s", type=float, default=2.0, help="per point, not measured")
@@ -124,29 +149,72 @@ async def run_timeline(args: argparse.Namespace, request_bytes: bytes) -> list[d
                     timeout_s=args.timeout_s, credentials=credentials_from_args(args))
     watcher = ServerWatcher(args.url, args.model, credentials=credentials_from_args(args))
     await watcher.start(time.monotonic())
+    cpu_before_s, wall_before_s = time.process_time(), time.monotonic()
     try:
         records, events, start_s = await run_scenario(scenario, target, args.seed)
     finally:
         await target.close()
+    cpu_s, wall_s = time.process_time() - cpu_before_s, time.monotonic() - wall_before_s
     server = await watcher.stop()
     spec = LoadSpec(args.url, request_bytes, "scenario", 0, scenario.duration_s)
-    import numpy as np
-
-    from evenflow.loadtest.sweep import RECORD_DTYPE, GeneratorShare
-
     array = np.array([(r.intended_s, r.sent_s, r.done_s, r.status) for r in records],
                      dtype=RECORD_DTYPE)
-    result = summarize(spec, [GeneratorShare(array, 0.0, scenario.duration_s, 0)], start_s, 0.0)
+    result = summarize(spec, [GeneratorShare(array, cpu_s, wall_s, 0)], start_s, 0.0,
+                       bin_s=SERIES_BIN_S)
     result.server = server.as_dict()
     point = result.as_dict() | {"warmup_s": 0.0, "scenario": scenario.name,
-                                "events": events,
-                                "throughput_series_bin_s": 0.25,
-                                "throughput_series": binned_throughput(
-                                    records, start_s, start_s + scenario.duration_s, 0.25)}
+                                "events": events, "throughput_series_bin_s": SERIES_BIN_S,
+                                "p99_series_ms": binned_p99_ms(array, start_s,
+                                                               scenario.duration_s,
+                                                               SERIES_BIN_S)}
     for t_s, what in events:
         print(f"  t={t_s:6.2f} s  {what}")
     _print_point(result)
     return [point]
+
+
+async def run_slo_search(args: argparse.Namespace,
+                         request_bytes: bytes) -> tuple[list[dict[str, Any]], SloGoodput]:
+    """The SLO search, one open-loop point per probe; every point is kept for the report."""
+    points: list[dict[str, Any]] = []
+    view = LiveView()
+    settings = SearchSettings(slo_s=args.slo_ms / 1e3, start_per_s=args.start_rate,
+                              max_error_fraction=args.max_error_fraction,
+                              tolerance=args.tolerance, repeats=args.repeats)
+
+    async def measure(rate_per_s: float, seed: int) -> Probe:
+        start_s = time.monotonic() + (4.0 if args.procs > 1 else 0.05)
+        spec = LoadSpec(args.url, request_bytes, "rate", rate_per_s,
+                        args.warmup_s + args.duration_s, args.arrival, seed, args.streaming,
+                        args.timeout_s, start_s, credentials_from_args(args))
+        progress = Progress()
+        drawing = asyncio.create_task(view.watch(progress, f"{rate_per_s:.1f} req/s",
+                                                 spec.duration_s))
+        try:
+            shares = await generate(spec, args.procs, progress)
+        finally:
+            drawing.cancel()
+        result = summarize(spec, shares, start_s, args.warmup_s)
+        result.duration_s = args.duration_s
+        points.append(result.as_dict() | {"warmup_s": args.warmup_s, "seed": seed})
+        _print_point(result)
+        return probe_of(result, seed)
+
+    found = await search_goodput(measure, settings, first_seed=args.seed)
+    print(f"SLO goodput (p99 <= {args.slo_ms:g} ms, errors <= {args.max_error_fraction:.1%}): "
+          f"{found.goodput_per_s:.1f} req/s (range {found.low_per_s:.1f}-"
+          f"{found.high_per_s:.1f}, {len(found.probes)} runs)")
+    return points, found
+
+
+def probe_of(result: PointResult, seed: int) -> Probe:
+    """One load point as a run of the SLO search."""
+    total = sum(result.status_counts.values())
+    errors = total - result.status_counts.get("OK", 0)
+    latency = result.latency_ms
+    return Probe(result.value, seed, latency.get("p50", math.nan) / 1e3,
+                 latency.get("p99", math.nan) / 1e3, errors / total if total else 0.0,
+                 result.throughput_per_s)
 
 
 def credentials_from_args(args: argparse.Namespace) -> Credentials | None:
@@ -172,13 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     arrays = (npz_arrays(args.inputs, metadata) if args.inputs
               else generated_arrays(metadata, args.batch, args.seed))
     request_bytes = build_request(args.model, arrays).SerializeToString()
-    runner = run_timeline if args.scenario else run_points
-    points = asyncio.run(runner(args, request_bytes))
-    write_results(args.out, {"url": args.url, "model": args.model, "label": args.label,
-                             "environment": environment(), "settings": {
-                                 k: str(v) if isinstance(v, Path) else v
-                                 for k, v in vars(args).items()},
-                             "points": points})
+    payload: dict[str, Any] = {
+        "url": args.url, "model": args.model, "label": args.label, "environment": environment(),
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+    if args.slo_ms is not None:
+        payload["points"], found = asyncio.run(run_slo_search(args, request_bytes))
+        payload["slo_search"] = found.as_dict()
+    else:
+        runner = run_timeline if args.scenario else run_points
+        payload["points"] = asyncio.run(runner(args, request_bytes))
+    write_results(args.out, payload)
     print(f"results in {args.out}/ (results.json, results.csv, report.md, plots)")
     return 0
 

@@ -60,8 +60,40 @@ def write_results(out: Path, payload: dict[str, Any]) -> None:
 
 
 def _label(point: dict[str, Any]) -> str:
-    unit = "conc" if point["mode"] == "concurrency" else "req/s"
-    return f"{point['value']:g} {unit}"
+    """A point by what it is: a concurrency, an offered rate, or a scenario's name."""
+    if point["mode"] == "scenario":
+        return f"scenario: {point.get('scenario', '?')}"
+    if point["mode"] == "concurrency":
+        return f"{point['value']:g} conc"
+    return f"{point['value']:.1f} req/s offered"
+
+
+def _mark_events(ax: Any, events: list[tuple[float, str]]) -> None:
+    """Vertical lines at a scenario's events (load changes, bursts, slow-downs), labelled."""
+    for t_s, what in events:
+        ax.axvline(t_s, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(what, (t_s, 1.0), xycoords=("data", "axes fraction"), rotation=90,
+                    fontsize=6, va="top", ha="right", color="dimgrey")
+
+
+def _plot_over_time(out: Path, point: dict[str, Any]) -> str:
+    """Throughput and p99 over a scenario's time line, its events marked."""
+    bin_s = point.get("throughput_series_bin_s", 0.25)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    series = point.get("throughput_series", [])
+    top.plot([(i + 0.5) * bin_s for i in range(len(series))], series, "-")
+    top.set_ylabel("successes/s")
+    top.set_title(f"{_label(point)}: throughput and p99 over time")
+    p99_points = [((i + 0.5) * bin_s, v) for i, v in enumerate(point.get("p99_series_ms", []))
+                  if v is not None]
+    if p99_points:
+        bottom.plot(*zip(*p99_points, strict=True), ".-", markersize=3)
+    bottom.set_ylabel("p99 (ms), by send time")
+    bottom.set_xlabel("time since start (s)")
+    for ax in (top, bottom):
+        _mark_events(ax, point.get("events", []))
+        ax.grid(alpha=0.3)
+    return _save(fig, out / "over_time.png")
 
 
 def draw_plots(out: Path, payload: dict[str, Any]) -> list[str]:
@@ -91,6 +123,17 @@ def draw_plots(out: Path, payload: dict[str, Any]) -> list[str]:
     ax.grid(alpha=0.3)
     drawn.append(_save(fig, out / "latency_cdf.png"))
 
+    for point in points:
+        if point["mode"] == "scenario":
+            drawn.append(_plot_over_time(out, point))
+    search = payload.get("slo_search")
+    if search:
+        probes = [Probe(p["rate_per_s"], p["seed"], p["p50_ms"] / 1e3, p["p99_ms"] / 1e3,
+                        p["error_fraction"], p["throughput_per_s"]) for p in search["probes"]]
+        drawn.append(plot_slo_probes(out / "slo_search.png", {payload["model"]: probes},
+                                     slo_s=search["slo_ms"] / 1e3,
+                                     max_error_fraction=search["max_error_fraction"],
+                                     title=f"SLO goodput {search['goodput_per_s']:.1f} req/s"))
     samples = [(i, s) for i, p in enumerate(points) for s in p.get("server", {}).get("samples", [])]
     if samples:
         for field, name, ylabel in (("busy_fraction", "busy_over_time.png", "busy fraction"),
@@ -102,6 +145,8 @@ def draw_plots(out: Path, payload: dict[str, Any]) -> list[str]:
                           if s["replica"] == replica]
                 ax.plot(*zip(*series, strict=True), ".-", label=replica, markersize=3)
             ax.set_xlabel("time (s, points back to back)")
+            if len(points) == 1:
+                _mark_events(ax, points[0].get("events", []))
             ax.set_ylabel(ylabel)
             ax.set_title(f"{ylabel} per device over time")
             ax.legend(fontsize=7)
@@ -127,9 +172,16 @@ def _save(fig: Any, path: Path) -> str:
 
 def write_markdown(out: Path, payload: dict[str, Any], plots: list[str]) -> None:
     lines = [f"# Load test: {payload['model']} at {payload['url']}", "",
-             f"`{payload['environment']['command']}`", "",
-             "| point | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | errors | gen CPU |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"`{payload['environment']['command']}`", ""]
+    search = payload.get("slo_search")
+    if search:
+        lines += [f"**SLO goodput: {search['goodput_per_s']:.1f} req/s** (p99 of successful "
+                  f"requests <= {search['slo_ms']:g} ms, errors <= "
+                  f"{search['max_error_fraction']:.1%}; range {search['low_per_s']:.1f}-"
+                  f"{search['high_per_s']:.1f} req/s over {len(search['probes'])} runs, "
+                  "each below)", ""]
+    lines += ["| point | req/s | p50 ms | p90 ms | p99 ms | p99.9 ms | errors | gen CPU |",
+              "|---|---|---|---|---|---|---|---|"]
     for point in payload["points"]:
         row = csv_row(point)
         lines.append(f"| {_label(point)} | {row['throughput_per_s']:.1f} | {row['p50_ms']:.2f} "

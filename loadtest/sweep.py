@@ -22,6 +22,7 @@ from evenflow.loadtest.runner import OK, RequestRecord, Target, closed_loop, ope
 from evenflow.loadtest.streaming import stream_closed_loop, stream_open_loop
 from evenflow.proto import grpc_service_pb2 as pb
 
+SERIES_BIN_S = 0.25  # time series (throughput, p99 over time) in bins of this width
 RECORD_DTYPE = np.dtype([("intended_s", "f8"), ("sent_s", "f8"), ("done_s", "f8"),
                          ("status", "U24")])
 
@@ -143,8 +144,22 @@ async def generate(spec: LoadSpec, procs: int, progress: Progress | None) -> lis
         return list(await asyncio.gather(*futures))
 
 
+def binned_p99_ms(records: np.ndarray, start_s: float, duration_s: float,
+                  bin_s: float = SERIES_BIN_S) -> list[float | None]:
+    """The p99 latency (ms) of the successful requests meant to be sent in each bin; None for a
+    bin without one."""
+    ok = records[records["status"] == OK]
+    bins = ((ok["intended_s"] - start_s) / bin_s).astype(int)
+    latencies_ms = (ok["done_s"] - ok["intended_s"]) * 1000.0
+    series: list[float | None] = []
+    for index in range(max(1, int(duration_s / bin_s))):
+        in_bin = np.sort(latencies_ms[bins == index])
+        series.append(ordered_percentile(in_bin, 0.99) if len(in_bin) else None)
+    return series
+
+
 def summarize(spec: LoadSpec, shares: list[GeneratorShare], start_s: float, warmup_s: float,
-              bin_s: float = 0.25) -> PointResult:
+              bin_s: float = SERIES_BIN_S) -> PointResult:
     """Statistics over the requests meant to be sent after the warm-up."""
     records = np.concatenate([s.records for s in shares]) if shares else np.empty(0, RECORD_DTYPE)
     since_s = start_s + warmup_s

@@ -72,3 +72,28 @@ def test_open_loop_scenario_with_admin_action(server_factory, tmp_path: Path) ->
     events = [what for _, what in point["events"]]
     assert "sim1: speed 1 -> 0.5" in events and "burst of 20" in events
     assert point["status_counts"]["OK"] > 150
+    assert any(v is not None for v in point["p99_series_ms"])
+    assert point["generator_cpu_fraction"] > 0.0  # measured, not left at 0
+    report = (out / "report.md").read_text()
+    assert "scenario: " in report and "0 req/s" not in report  # labelled by what it is
+    assert (out / "over_time.png").stat().st_size > 1000
+
+
+def test_slo_search_finds_a_rate_within_the_slo(server_factory, tmp_path: Path) -> None:
+    # One sim device: 2 ms + 0.5 ms per sample. A 20 ms SLO holds well past 100 req/s; the
+    # search (short points, a coarse bracket) must end with a passing rate and say so.
+    server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "2",
+                            "--sim-per-sample-ms", "0.5", "--latency-target-ms", "20")
+    out = tmp_path / "slo"
+    run = loadtest("--url", server.url, "--model", "sim", "--slo-ms", "20", "--start-rate",
+                   "100", "--duration-s", "0.6", "--warmup-s", "0.2", "--tolerance", "0.5",
+                   "--repeats", "1", "--out", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    search = results["slo_search"]
+    assert search["goodput_per_s"] >= 100.0
+    passing = [p for p in search["probes"] if p["rate_per_s"] == search["goodput_per_s"]]
+    assert passing and all(p["p99_ms"] <= 20.0 for p in passing)
+    assert len(results["points"]) == len(search["probes"])
+    assert "SLO goodput" in run.stdout and "SLO goodput" in (out / "report.md").read_text()
+    assert (out / "slo_search.png").stat().st_size > 1000

@@ -459,3 +459,81 @@ async def test_with_no_replica_in_service_requests_hear_unavailable(
     with pytest.raises(WorkerLost, match="no replica in service") as info:
         balancer.submit("b", 1)
     assert info.value.code is ErrorCode.UNAVAILABLE
+
+
+async def test_a_request_with_a_tight_deadline_runs_before_older_ones(
+        make_balancer: Callable[..., ModelBalancer], clock: FakeClock) -> None:
+    # Earliest deadline first within a level: a request without a deadline is due at its
+    # arrival plus the latency target (50 ms), so one due in 10 ms goes ahead of older ones.
+    worker = FakeWorker("w", gated=True)
+    balancer = make_balancer([worker], max_batch=1, adaptive_batching=False)
+    first = balancer.submit("first", 1)
+    await settle()
+    older = [balancer.submit(f"older{i}", 1) for i in range(2)]
+    tight = balancer.submit("tight", 1, deadline_s=clock() + 0.010)
+    worker.release()
+    await settle()
+    assert first.done() and not tight.done()
+    worker.release()
+    await settle()
+    assert tight.done() and not any(f.done() for f in older)
+    for _ in older:
+        worker.release()
+        await settle()
+    assert [f.result() for f in older] == [("out", "older0"), ("out", "older1")]
+
+
+async def test_late_binding_moves_jobs_a_faster_replica_now_finishes_sooner(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    slow = FakeWorker("slow", gated=True, base_s=0.050, per_sample_s=0.0005)
+    fast = FakeWorker("fast", gated=True, base_s=0.002, per_sample_s=0.0005)
+    balancer = make_balancer([slow, fast], adaptive_batching=False, max_batch=4,
+                             work_stealing=False)
+    seed_fit(balancer, 0, 0.050, 0.0005)
+    seed_fit(balancer, 1, 0.002, 0.0005)
+    slow_replica, fast_replica = balancer.replicas
+    busy = [balancer.submit("one", 1)]  # runs on the fast replica
+    placed = _job(balancer, "placed")
+    placed.rebound = True  # already moved once: it stays on the slow replica and runs there
+    slow_replica.queue.push(placed)
+    busy.append(placed.future)
+    await settle()
+    assert slow.num_waiting == fast.num_waiting == 1
+    for i in range(3):  # bound to the slow replica when they arrived (a mis-route)
+        slow_replica.queue.push(_job(balancer, i))
+    slow.release()  # the slow one is about to start them: each finishes sooner on the other
+    await settle()
+    assert balancer.counters.rebound == 3
+    assert len(fast_replica.queue) == 3 and not len(slow_replica.queue)
+    assert slow.batches == [[1]]  # nothing more started there
+    while fast.num_waiting:
+        fast.release()
+        await settle()
+    assert fast.batches[1:] == [[1, 1, 1]]
+    await asyncio.gather(*busy)
+
+
+async def test_late_binding_keeps_jobs_that_finish_soonest_where_they_are(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    workers = [FakeWorker("a", gated=True, base_s=0.002, per_sample_s=0.0005),
+               FakeWorker("b", gated=True, base_s=0.050, per_sample_s=0.0005)]
+    balancer = make_balancer(workers, adaptive_batching=False, max_batch=4, work_stealing=False)
+    seed_fit(balancer, 0, 0.002, 0.0005)
+    seed_fit(balancer, 1, 0.050, 0.0005)  # the other replica is slower
+    fast, slow = balancer.replicas
+    for replica, worker in ((slow, workers[1]), (fast, workers[0])):
+        job = _job(balancer, replica.name)
+        job.rebound = True  # placed: each runs one batch where it is
+        replica.queue.push(job)
+        await settle()
+        if replica is slow:  # the slow one has now measured itself just now: idle, not stale
+            worker.release()
+            await job.future
+    first = job.future
+    for i in range(3):
+        fast.queue.push(_job(balancer, i))
+    workers[0].release()
+    await settle()
+    assert balancer.counters.rebound == 0 and workers[0].batches[1] == [1, 1, 1]
+    workers[0].release()
+    await first
