@@ -102,6 +102,9 @@ FLAGS: dict[str, list[Flag]] = {
              "past its own deadline)", float),
         Flag("--no-work-stealing", "balancing.work_stealing",
              "least-work without moving queued work to idle replicas", const=False),
+        Flag("--no-late-binding", "balancing.late_binding",
+             "least-work without moving a starting batch's jobs to a replica predicted to "
+             "finish them sooner", const=False),
         Flag("--watchdog-s", "balancing.watchdog_s",
              "a worker that has not finished a batch after this long (or 10x its predicted "
              "time) is lost: out of routing, its work re-run elsewhere, restarted", float),
