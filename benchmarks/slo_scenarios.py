@@ -112,12 +112,15 @@ class DeviceShare:
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """How long a probe runs (virtual seconds), and the per-request time outside the balancer
-    that a client would see on top (the gRPC round trip; 0 compares policies alone)."""
+    """How long a probe runs (virtual seconds), and what a real server adds that the simulated
+    devices do not have: per request, the time outside the balancer a client sees on top (the
+    gRPC round trip and codec); per batch, the hand-offs to the worker and back. Both 0
+    compares policies alone; ``benchmarks.slo_real_time`` measures them on a real server."""
 
     warmup_s: float = 2.0
     measured_s: float = 8.0
     transport_s: float = 0.0
+    batch_overhead_s: float = 0.0
 
 
 async def probe(scenario: Scenario, config: BalancerConfig, rate_per_s: float, seed: int,
@@ -127,7 +130,8 @@ async def probe(scenario: Scenario, config: BalancerConfig, rate_per_s: float, s
     error; only requests arriving in the measured window count."""
     loop = asyncio.get_running_loop()
     config = replace(config, max_batch=scenario.max_batch)
-    devices = [SharedDevice(SimDevice(f"sim{i}", speed, scenario.base_s, scenario.per_sample_s))
+    devices = [SharedDevice(SimDevice(f"sim{i}", speed, scenario.base_s, scenario.per_sample_s,
+                                      window.batch_overhead_s))
                for i, speed in enumerate(scenario.speeds)]
     balancers = [ModelBalancer(model_name=f"m{k}", workers=[DeviceShare(d) for d in devices],
                                config=config, clock=loop.time, rng=random.Random(seed + k))

@@ -60,6 +60,7 @@ class SimDevice:
     speed: float
     base_s: float = 0.010  # the server's sim model defaults (SimProfile: 10 ms + 2 ms/sample)
     per_sample_s: float = 0.002
+    overhead_s: float = 0.0  # per batch, whatever the speed (a real server's hand-offs)
 
     @property
     def devices(self) -> Sequence[str]:
@@ -67,7 +68,7 @@ class SimDevice:
 
     async def run(self, jobs: Sequence[Job]) -> BatchResult:
         samples = sum(job.num_samples for job in jobs)
-        cost_s = (self.base_s + self.per_sample_s * samples) / self.speed
+        cost_s = (self.base_s + self.per_sample_s * samples) / self.speed + self.overhead_s
         await asyncio.sleep(cost_s)
         return BatchResult([None] * len(jobs), BatchTiming(0.0, cost_s, 0.0))
 
