@@ -4,13 +4,15 @@ behaviour (exact, repeatable), not machine performance."""
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.virtual_time import VirtualLoop, closed_loop, open_loop, percentile
-from evenflow.balancer import BalancerConfig, Policy
+from benchmarks.virtual_time import SimDevice, VirtualLoop, closed_loop, open_loop, percentile
+from evenflow.balancer import BalancerConfig, ModelBalancer, Overloaded, Policy
+from evenflow.loadtest.arrivals import Arrival, send_times_s
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -63,3 +65,52 @@ def test_open_loop_is_deterministic_for_a_seed() -> None:
     assert runs[0] == runs[1]
     assert len(runs[0]) > 600
     assert percentile(runs[0], 0.5) < percentile(runs[0], 0.99)
+
+
+async def _overloaded(rate_per_s: float, warmup_s: float, seconds: float
+                      ) -> tuple[ModelBalancer, int, int, list[float]]:
+    """Poisson arrivals at ``rate_per_s`` on the uneven devices with the server's admission;
+    after the warm-up: (balancer, answered, refused, latencies of the answered)."""
+    loop = asyncio.get_running_loop()
+    balancer = ModelBalancer(model_name="sim",
+                             workers=[SimDevice(f"sim{i}", s) for i, s in enumerate(SPEEDS)],
+                             config=LEAST_WORK, clock=loop.time, rng=random.Random(0))
+    balancer.start()
+    refused = answered = 0
+    latencies_s: list[float] = []
+    pending = []
+    start_s = loop.time()
+    for offset_s in send_times_s(Arrival.parse("poisson"), rate_per_s, warmup_s + seconds,
+                                 seed=5):
+        await asyncio.sleep(max(0.0, start_s + offset_s - loop.time()))
+        arrived_s = loop.time()
+        measured = offset_s >= warmup_s
+        try:
+            future = balancer.submit(None, 1)
+        except Overloaded:
+            refused += measured
+            continue
+        if measured:
+            answered += 1
+            future.add_done_callback(lambda _, a=arrived_s: latencies_s.append(loop.time() - a))
+        pending.append(future)
+    await asyncio.gather(*pending)
+    await balancer.close()
+    return balancer, answered, refused, latencies_s
+
+
+def test_under_overload_batches_grow_and_admission_sheds_the_rest(loop: VirtualLoop) -> None:
+    # The SLO-goodput limit of these devices at 50 ms is 625 req/s (balancer/capacity.py).
+    # Offered 1.5 times that, the balancer answers more than the limit's rate (goodput kept
+    # up), within the target at p99, and refuses the rest at once: nothing times out.
+    seconds = 4.0
+    balancer, answered, refused, latencies_s = loop.run_until_complete(
+        _overloaded(1.5 * 625.0, 1.0, seconds))
+    assert answered / seconds >= 625.0
+    assert refused >= 0.2 * (answered + refused)
+    assert percentile(latencies_s, 0.99) <= LEAST_WORK.latency_target_s
+    # Batches run larger than the worst-case size (7 on a speed-1 device) when the oldest
+    # request has time left: the live size.
+    fast = balancer.replicas[0]
+    assert fast.controller.batch_size == 7
+    assert max(fast.stats.batch_size_counts) > 7
