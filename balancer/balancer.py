@@ -21,6 +21,7 @@ from evenflow.balancer.errors import (
 )
 from evenflow.balancer.estimator import LatencyModel
 from evenflow.balancer.job import Clock, Job, Worker
+from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.replica import Replica
@@ -106,7 +107,8 @@ class ModelBalancer:
 
     def __init__(self, *, model_name: str, workers: Sequence[Worker], config: BalancerConfig,
                  clock: Clock = time.monotonic, rng: random.Random | None = None,
-                 on_health: Callable[[], None] | None = None) -> None:
+                 on_health: Callable[[], None] | None = None,
+                 ledger: DeviceLedger | None = None) -> None:
         if not workers:
             raise ValueError(f"model {model_name!r} has no workers")
         self.model_name = model_name
@@ -143,11 +145,15 @@ class ModelBalancer:
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
         self._in_service = list(self.replicas)  # the healthy replicas, in routing
         self._on_health = on_health
+        self._ledger = ledger
 
     def start(self) -> None:
         """Start the replica loops on the running event loop (the one ``submit`` is called on)."""
         self._loop = asyncio.get_running_loop()
         for replica in self.replicas:
+            if self._ledger is not None:
+                self._ledger.add(replica)
+                replica.ledger = self._ledger
             replica.start()
 
     @property
@@ -389,6 +395,9 @@ class ModelBalancer:
         for queue in self._queues:
             queue.fail_all(ShuttingDown(f"model {self.model_name!r} shut down"))
         for replica in self.replicas:
+            if self._ledger is not None:
+                self._ledger.remove(replica)
+                replica.ledger = None
             await replica.stop()
 
     def snapshot(self) -> BalancerSnapshot:

@@ -20,6 +20,7 @@ from evenflow.balancer.errors import (
 )
 from evenflow.balancer.estimator import LatencyModel
 from evenflow.balancer.job import BatchResult, Clock, Job, Worker
+from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import ReplicaLoad
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.stats import ModelCounters, ReplicaCounters, ReplicaSnapshot
@@ -99,6 +100,7 @@ class Replica:
         self._last_done_s = -math.inf
         self._restart_task: asyncio.Task[None] | None = None
         self._rebind = rebind
+        self.ledger: DeviceLedger | None = None  # set by the balancer when models share devices
 
     @property
     def name(self) -> str:
@@ -146,10 +148,19 @@ class Replica:
                                                now_s + remaining_s - oldest_s)
 
     def load(self, now_s: float) -> ReplicaLoad:
+        """What the policies price: this replica's own work, and, when other models' replicas
+        share its device (``ledger``), theirs as time before its next batch can start."""
+        if self.ledger is None:
+            return self.own_load(now_s)
+        shared_s = self.ledger.others_work_s(self, now_s)
+        return self.own_load(now_s, shared_s) if shared_s > 0.0 else self.own_load(now_s)
+
+    def own_load(self, now_s: float, shared_s: float = 0.0) -> ReplicaLoad:
         fit = self.estimator.fit
         remaining = max(0.0, self._running_end_s - now_s) if self._running_requests else 0.0
+        remaining += shared_s
         stale = (not self._running_requests and not len(self.queue) and self.estimator.observed
-                 and now_s - self._last_done_s > _STALE_S)
+                 and now_s - self._last_done_s > _STALE_S and not shared_s)
         return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
                            len(self.queue), fit.base_s, fit.per_sample_s,
                            self._next_batch_size(now_s, remaining), self._decayed_rate(now_s),

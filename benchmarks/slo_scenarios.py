@@ -18,6 +18,7 @@ from benchmarks.virtual_time import SimDevice
 from evenflow.balancer import BalancerConfig, EvenflowError, ModelBalancer
 from evenflow.balancer.capacity import DeviceCost, slo_limit_per_s
 from evenflow.balancer.job import BatchResult, Job
+from evenflow.balancer.ledger import DeviceLedger
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.loadtest.percentiles import ordered_percentile
 from evenflow.loadtest.slo_search import Probe
@@ -133,8 +134,10 @@ async def probe(scenario: Scenario, config: BalancerConfig, rate_per_s: float, s
     devices = [SharedDevice(SimDevice(f"sim{i}", speed, scenario.base_s, scenario.per_sample_s,
                                       window.batch_overhead_s))
                for i, speed in enumerate(scenario.speeds)]
+    ledger = DeviceLedger()
     balancers = [ModelBalancer(model_name=f"m{k}", workers=[DeviceShare(d) for d in devices],
-                               config=config, clock=loop.time, rng=random.Random(seed + k))
+                               config=config, clock=loop.time, rng=random.Random(seed + k),
+                               ledger=ledger)
                  for k in range(scenario.models)]
     for balancer in balancers:
         balancer.start()

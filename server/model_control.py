@@ -21,6 +21,7 @@ import torch
 
 from evenflow.balancer import ModelBalancer, Worker
 from evenflow.balancer.errors import ErrorCode, EvenflowError
+from evenflow.balancer.ledger import DeviceLedger
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.config import ModelConfig, PipelineConfig, ServerConfig
 from evenflow.server.models.repository import load_definition
@@ -120,6 +121,7 @@ class ModelManager:
         self._devices = devices
         self._entries = {m.name: ModelEntry(m) for m in config.model_configs()}
         self._lock = asyncio.Lock()
+        self._ledger = DeviceLedger()  # models on the same device see each other's work
 
     def index(self) -> list[tuple[str, ModelEntry]]:
         return sorted(self._entries.items())
@@ -202,7 +204,7 @@ class ModelManager:
             build_workers, model.name, definition, self._devices, DTYPES[config.dtype],
             model.pipeline, config.cpu_threads)
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
-                                 on_health=self._on_health)
+                                 on_health=self._on_health, ledger=self._ledger)
         balancer.start()
         return ServedModel(model.name, definition, balancer)
 

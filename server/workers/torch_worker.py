@@ -81,9 +81,21 @@ class TorchWorker(ThreadWorker):
         return BatchResult(per_job, BatchTiming(t1 - t0, t2 - t1, t3 - t2))
 
 
+_DEVICE_LOCKS: dict[str, threading.Lock] = {}
+_DEVICE_LOCKS_GUARD = threading.Lock()
+
+
+def _device_lock(device: str) -> threading.Lock:
+    """The lock that makes a simulated device run one batch at a time, whichever model's
+    worker runs it (a real device is shared the same way)."""
+    with _DEVICE_LOCKS_GUARD:
+        return _DEVICE_LOCKS.setdefault(device, threading.Lock())
+
+
 class SimWorker(TorchWorker):
     """A simulated device: runs the module on the CPU, then sleeps until the batch has taken the
-    model's ``sim_profile`` cost divided by this device's speed. The speed can change while
+    model's ``sim_profile`` cost divided by this device's speed. Models served on the same
+    ``simN`` share it: their batches take turns. The speed can change while
     serving (``set_speed``, the admin RPC) to reproduce a device that slows down."""
 
     def __init__(self, *, model_name: str, definition: ModelDefinition, device: DeviceSpec,
@@ -134,6 +146,10 @@ class SimWorker(TorchWorker):
 
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
         self._inject()
+        with _device_lock(self.devices[0]):  # one batch at a time per device, across models
+            return self._simulate(jobs)
+
+    def _simulate(self, jobs: Sequence[Job]) -> BatchResult:
         start = time.perf_counter()
         speed = self.speed
         set_thread_speed(speed)

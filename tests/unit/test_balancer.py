@@ -537,3 +537,40 @@ async def test_late_binding_keeps_jobs_that_finish_soonest_where_they_are(
     assert balancer.counters.rebound == 0 and workers[0].batches[1] == [1, 1, 1]
     workers[0].release()
     await first
+
+
+async def test_models_sharing_a_device_see_each_others_work(clock: FakeClock) -> None:
+    from evenflow.balancer.ledger import DeviceLedger
+
+    ledger = DeviceLedger()
+    balancers = []
+    for model in ("a", "b"):
+        workers = [FakeWorker(f"{model}{i}", gated=True, devices=(f"dev{i}",)) for i in (0, 1)]
+        balancer = ModelBalancer(model_name=model, workers=workers, clock=clock,
+                                 config=BalancerConfig(max_wait_s=0.0, adaptive_batching=False,
+                                                       max_batch=4, work_stealing=False),
+                                 rng=random.Random(0), ledger=ledger)
+        balancer.start()
+        for index in (0, 1):
+            seed_fit(balancer, index, 0.010, 0.001)
+        balancers.append(balancer)
+    a, b = balancers
+    busy = [a.replicas[0].worker, a.replicas[1].worker]
+    for i in range(12):  # model a's work, all placed on dev0
+        a.replicas[0].queue.push(_job(a, i))
+    await settle()
+    assert a.replicas[0].load(clock()).work_s() > 0.04
+    # Model b's replica on dev0 holds nothing of its own, but its device is busy with a's work.
+    assert b.replicas[0].load(clock()).work_s() >= a.replicas[0].own_load(clock()).work_s()
+    futures = [b.submit(f"b{i}", 1) for i in range(4)]
+    await settle()
+    assert not b.replicas[0].worker.batches  # type: ignore[attr-defined]
+    assert b.replicas[1].worker.batches == [[1, 1, 1, 1]]  # type: ignore[attr-defined]
+    for balancer in balancers:
+        for replica in balancer.replicas:
+            while replica.worker.num_waiting:  # type: ignore[attr-defined]
+                replica.worker.release()  # type: ignore[attr-defined]
+                await settle()
+        await balancer.close()
+    assert all(f.done() for f in futures) and busy
+    assert not ledger._by_device  # closing the balancers took their replicas out

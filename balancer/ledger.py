@@ -1,0 +1,44 @@
+"""Which replicas, of every model, share each device: a device runs one model's batch at a
+time, so a replica's next batch waits for the other models' work there too."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from evenflow.balancer.replica import Replica
+
+
+class DeviceLedger:
+    """Replicas by device name, across the models of one server. Each model's balancer adds
+    its replicas on start and removes them on close; a replica asks for the outstanding work
+    of the others on its devices (``others_work_s``) when it prices itself."""
+
+    def __init__(self) -> None:
+        self._by_device: defaultdict[str, list[Replica]] = defaultdict(list)
+
+    def add(self, replica: Replica) -> None:
+        for device in replica.worker.devices:
+            self._by_device[device].append(replica)
+
+    def remove(self, replica: Replica) -> None:
+        for device in replica.worker.devices:
+            sharing = self._by_device[device]
+            if replica in sharing:
+                sharing.remove(replica)
+            if not sharing:
+                del self._by_device[device]
+
+    def _others(self, replica: Replica) -> list[Replica]:
+        others: dict[int, Replica] = {}
+        for device in replica.worker.devices:
+            for other in self._by_device.get(device, ()):
+                if other is not replica:
+                    others[id(other)] = other
+        return list(others.values())
+
+    def others_work_s(self, replica: Replica, now_s: float) -> float:
+        """Seconds of work (running and queued) that other replicas hold on ``replica``'s
+        devices, each counted once."""
+        return sum(other.own_load(now_s).work_s() for other in self._others(replica))
