@@ -53,10 +53,12 @@ class BatchTiming:
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:
-    """A finished batch: one output per job, in the jobs' order, and the batch's measured times."""
+    """A finished batch: one output per job, in the jobs' order, and the batch's measured times
+    (``cpu``: the worker thread's CPU time in the same phases, when it measures it)."""
 
     outputs: Sequence[Any]
     timing: BatchTiming
+    cpu: BatchTiming | None = None
 
 
 class Worker(Protocol):

@@ -225,9 +225,13 @@ class Replica:
                 self.forming = self._close_early = False
                 if queue.num_samples < size and self._find_work is not None:
                     self._find_work(self)  # top the batch up from busier replicas' queues
+                cpu = self._model_counters.cpu
+                started_s = time.thread_time() if cpu is not None else 0.0
                 jobs = queue.take(size, now_s)
                 if self._rebind is not None and jobs:
                     jobs = self._rebind(self, jobs)  # late binding: keep what finishes here first
+                if cpu is not None:
+                    cpu.add("batching", time.thread_time() - started_s)
                 if jobs:
                     return jobs
                 continue
@@ -277,7 +281,17 @@ class Replica:
                 self._running_since_s = None
                 if not len(self.queue):
                     self._quiet.set()
+        cpu = self._model_counters.cpu
+        if cpu is None:
+            self._complete(jobs, num_samples, start_s, result)
+            return
+        completing_s = time.thread_time()
         self._complete(jobs, num_samples, start_s, result)
+        cpu.add("completion", time.thread_time() - completing_s)
+        if result.cpu is not None:
+            cpu.add("batch_in", result.cpu.copy_in_s)
+            cpu.add("model", result.cpu.compute_s)
+            cpu.add("batch_out", result.cpu.copy_out_s)
 
     async def _run_watched(self, jobs: list[Job], num_samples: int) -> BatchResult:
         timeout_s = max(self._watchdog_s, 10.0 * self.estimator.predict_s(num_samples))

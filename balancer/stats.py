@@ -118,6 +118,28 @@ class BatchSizeStat:
     compute_output: DurationStat = field(default_factory=DurationStat)
 
 
+CPU_PARTS = ("decode", "route", "batching", "batch_in", "model", "batch_out", "completion",
+             "encode")
+"""The parts of a request's path whose CPU time is counted (``CpuParts``), in path order:
+the front-end's decode of the request, admission and routing, batch formation, the worker's
+input batching, the model, the worker's output split, completion of the batch's requests on the
+event loop, the front-end's encode of the response. What is not here (gRPC, the event loop
+itself, hand-offs between threads) is the process's CPU time minus their sum."""
+
+
+class CpuParts:
+    """CPU seconds per part of the request path, each measured on the thread that runs it
+    (``time.thread_time``: a system call per reading, so it is on only when asked for)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(CPU_PARTS, 0.0)
+
+    def add(self, part: str, seconds: float) -> None:
+        self.seconds[part] += seconds
+
+
 @dataclass(slots=True)
 class ModelCounters:
     """Triton-style inference statistics for one model, summed over its replicas."""
@@ -139,6 +161,7 @@ class ModelCounters:
     dropped: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     lateness: Lateness = field(default_factory=Lateness)
+    cpu: CpuParts | None = None  # CPU time by part of the request path, when measured
     rerouted: int = 0  # requests moved off a replica that lost its worker
     rebound: int = 0  # requests moved by late binding as their batch was about to start
 

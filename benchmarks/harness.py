@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 class Server:
     proc: subprocess.Popen[str]
     url: str
+    banner: tuple[str, ...] = ()  # what it printed before its address line
 
     def cpu_s(self) -> float:
         """User + system CPU seconds the server process has used so far."""
@@ -78,9 +79,9 @@ def start(argv: list[str], log_path: Path, timeout_s: float = 120.0) -> Server:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()
-    line, _ = wait_for_line(proc, "listening on ", timeout_s)
+    line, before = wait_for_line(proc, "listening on ", timeout_s)
     if line is not None:
-        return Server(proc, line.split()[-1])
+        return Server(proc, line.split()[-1], tuple(before))
     proc.kill()
     proc.wait()
     raise RuntimeError(f"{argv} did not start; log: {log_path}")

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest, ShuttingDown
+from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec, shapes
@@ -69,6 +70,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             priority, timeout_s = codec.read_parameters(request)
             if timeout_s is not None:
                 deadline_s = min(deadline_s, time.monotonic() + timeout_s)
+        cpu = model.balancer.counters.cpu
+        if cpu is not None and not specs.variable_shapes:
+            return await self._infer_counted(request, model, deadline_s, priority, cpu)
         arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
         chosen = codec.requested_outputs(request, specs.outputs)
         if not specs.variable_shapes:
@@ -82,6 +86,28 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if lengths:
             outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
         return codec.encode_response(request, specs.outputs, chosen, outputs)
+
+    async def _infer_counted(self, request: pb.ModelInferRequest, model: ServedModel,
+                             deadline_s: float, priority: int,
+                             cpu: CpuParts) -> pb.ModelInferResponse:
+        """``_infer`` with the CPU time of decode, admission and routing, and encode counted
+        (``EVENFLOW_CPU_PARTS=1``)."""
+        specs = model.definition
+        clock = time.thread_time
+        started_s = clock()
+        arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
+        chosen = codec.requested_outputs(request, specs.outputs)
+        decoded_s = clock()
+        cpu.add("decode", decoded_s - started_s)
+        try:
+            answer = model.balancer.submit(arrays, num_samples, deadline_s, priority)
+        finally:
+            cpu.add("route", clock() - decoded_s)
+        outputs = await answer
+        encoding_s = clock()
+        response = codec.encode_response(request, specs.outputs, chosen, outputs)
+        cpu.add("encode", clock() - encoding_s)
+        return response
 
     async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:

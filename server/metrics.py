@@ -139,7 +139,24 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
         [([m.name, MODEL_VERSION], m.balancer.counters.latency.cumulative(),
           m.balancer.counters.latency.total_s) for m in models])
     return [success, failure, count, exec_count, pending, *(f for f, _ in durations), latency,
-            rejected, dropped, target, *(f for f, _ in replica_families), batch_sizes]
+            rejected, dropped, target, *(f for f, _ in replica_families), batch_sizes,
+            *_cpu_family(models)]
+
+
+def _cpu_family(models: Iterable[ServedModel]) -> list[MetricFamily]:
+    """CPU seconds by part of the request path, for models that count them
+    (``EVENFLOW_CPU_PARTS=1``); nothing otherwise."""
+    counted = [(m.name, m.balancer.counters.cpu) for m in models
+               if m.balancer.counters.cpu is not None]
+    if not counted:
+        return []
+    family = MetricFamily("evenflow_cpu_seconds_total", "counter",
+                          "CPU seconds by part of the request path (EVENFLOW_CPU_PARTS=1)")
+    for name, cpu in counted:
+        assert cpu is not None
+        for part, seconds in cpu.seconds.items():
+            family.add(seconds, model=name, part=part)
+    return [family]
 
 
 def _failure_family(failures: Mapping[tuple[str, str], int]) -> MetricFamily:

@@ -22,7 +22,9 @@ import torch
 from evenflow.balancer import ModelBalancer, Worker
 from evenflow.balancer.errors import ErrorCode, EvenflowError
 from evenflow.balancer.ledger import DeviceLedger
+from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.server import cpu_accounting
 from evenflow.server.config import ModelConfig, PipelineConfig, ServerConfig
 from evenflow.server.models.repository import load_definition
 from evenflow.server.models.spec import ModelDefinition
@@ -205,6 +207,8 @@ class ModelManager:
             model.pipeline, config.cpu_threads)
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
                                  on_health=self._on_health, ledger=self._ledger)
+        if cpu_accounting.enabled():
+            balancer.counters.cpu = CpuParts()
         balancer.start()
         return ServedModel(model.name, definition, balancer)
 

@@ -12,6 +12,7 @@ import torch
 
 from evenflow.balancer.errors import BatchFailed, OutOfMemory
 from evenflow.balancer.job import BatchResult, BatchTiming, Job
+from evenflow.server import cpu_accounting
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
@@ -32,6 +33,7 @@ class TorchWorker(ThreadWorker):
                  dtype: torch.dtype = torch.float32, cpu_threads: int = 1) -> None:
         self._definition = definition
         self._cpu_threads = cpu_threads
+        self._measure_cpu = cpu_accounting.enabled()
         self._device = torch.device("cuda", device.index) if device.kind == "cuda" else \
             torch.device("cpu")
         self._dtype = dtype
@@ -64,10 +66,11 @@ class TorchWorker(ThreadWorker):
             self._stream.synchronize()
 
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
-        t0 = time.perf_counter()
+        clock = time.thread_time if self._measure_cpu else _no_clock
+        c0, t0 = clock(), time.perf_counter()
         inputs = batch_inputs(jobs, self._definition.inputs, self._device, self._dtype)
         self._sync()
-        t1 = time.perf_counter()
+        c1, t1 = clock(), time.perf_counter()
         try:
             raw_outputs = self._module(*inputs)
             self._sync()
@@ -75,10 +78,16 @@ class TorchWorker(ThreadWorker):
             raise OutOfMemory(f"out of memory on {self._device}: {exc}") from exc
         except Exception as exc:
             raise BatchFailed(f"model raised {type(exc).__name__}: {exc}") from exc
-        t2 = time.perf_counter()
+        c2, t2 = clock(), time.perf_counter()
         per_job = outputs_per_job(raw_outputs, self._definition.outputs, jobs)
-        t3 = time.perf_counter()
-        return BatchResult(per_job, BatchTiming(t1 - t0, t2 - t1, t3 - t2))
+        c3, t3 = clock(), time.perf_counter()
+        return BatchResult(per_job, BatchTiming(t1 - t0, t2 - t1, t3 - t2),
+                           BatchTiming(c1 - c0, c2 - c1, c3 - c2) if self._measure_cpu
+                           else None)
+
+
+def _no_clock() -> float:
+    return 0.0
 
 
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
@@ -161,5 +170,6 @@ class SimWorker(TorchWorker):
         timing = result.timing
         compute_s = timing.compute_s + max(0.0, remaining_s)
         return BatchResult(result.outputs,
-                           BatchTiming(timing.copy_in_s, compute_s, timing.copy_out_s))
+                           BatchTiming(timing.copy_in_s, compute_s, timing.copy_out_s),
+                           result.cpu)
 

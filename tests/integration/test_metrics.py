@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from evenflow.balancer import BalancerConfig
+from evenflow.balancer.stats import CPU_PARTS
 from evenflow.client import AsyncClient, InvalidInputError, ModelNotFoundError
+from evenflow.server.cpu_accounting import ENV_VAR
 from evenflow.server.models.spec import SimProfile
 from tests.integration.inprocess import running_app
 
@@ -154,3 +156,24 @@ async def test_slow_clients_get_a_deadline_and_a_connection_cap() -> None:
         assert (await http(port, b"GET /metrics HTTP/1.1\r\n\r\n"))[0] == 200
     finally:
         await endpoint.close()
+
+
+async def test_cpu_by_part_is_counted_only_when_asked_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for asked in (False, True):
+        if asked:
+            monkeypatch.setenv(ENV_VAR, "1")
+        async with running_app((("mlp", "mlp"),), devices="cpu",
+                               metrics_port=0) as (app, url), AsyncClient(url) as client:
+            x = np.ones((1, 256), np.float32)
+            for _ in range(5):
+                await client.infer("mlp", {"x": x})
+            _, _, body = await http(app.metrics_port, b"GET /metrics HTTP/1.1\r\n\r\n")
+        samples = parse(body.decode())
+        if not asked:
+            assert "evenflow_cpu_seconds_total" not in samples
+            continue
+        parts = {labels["part"]: v for labels, v in samples["evenflow_cpu_seconds_total"]}
+        assert set(parts) == set(CPU_PARTS)
+        # Every part of the path ran five times on its thread; each took some CPU.
+        assert all(seconds > 0.0 for seconds in parts.values()), parts
