@@ -91,18 +91,27 @@ class Lateness:
     it keeps is what the device-time model misses here (batch joiners, thread hand-offs, a busy
     loop), learned rather than guessed."""
 
-    __slots__ = ("_quantile", "_recent", "margin_s")
+    __slots__ = ("_quantile", "_recent", "_since_refresh", "margin_s")
+
+    # Sorting the window costs ~15 us; once per this many new values, not once per batch.
+    _REFRESH_EVERY = 32
 
     def __init__(self, window: int = 512, quantile: float = 0.99) -> None:
         self._recent: deque[float] = deque(maxlen=window)
         self._quantile = quantile
+        self._since_refresh = 0
         self.margin_s = 0.0
 
     def add(self, late_s: float) -> None:
         if late_s > -math.inf:  # admitted without a prediction (a cold replica): nothing to learn
             self._recent.append(late_s)
+            self._since_refresh += 1
 
     def refresh(self) -> None:
+        """Recompute the margin, at most once per 32 new values (and for the first ones)."""
+        if self._since_refresh < self._REFRESH_EVERY and len(self._recent) > self._REFRESH_EVERY:
+            return
+        self._since_refresh = 0
         if self._recent:
             ordered = sorted(self._recent)  # nearest rank, as loadtest.percentiles
             index = max(0, math.ceil(self._quantile * len(ordered)) - 1)
