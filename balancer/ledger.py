@@ -3,6 +3,7 @@ time, so a replica's next batch waits for the other models' work there too."""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -40,5 +41,12 @@ class DeviceLedger:
 
     def others_work_s(self, replica: Replica, now_s: float) -> float:
         """Seconds of work (running and queued) that other replicas hold on ``replica``'s
-        devices, each counted once."""
-        return sum(other.own_load(now_s).work_s() for other in self._others(replica))
+        devices, each counted once. A replica that has not measured a batch yet prices its own
+        work as unknown (infinite, so that routing probes it before trusting it); as another
+        model's work it counts nothing until it has measured."""
+        total_s = 0.0
+        for other in self._others(replica):
+            work_s = other.own_load(now_s).work_s()
+            if math.isfinite(work_s):
+                total_s += work_s
+        return total_s

@@ -574,3 +574,30 @@ async def test_models_sharing_a_device_see_each_others_work(clock: FakeClock) ->
         await balancer.close()
     assert all(f.done() for f in futures) and busy
     assert not ledger._by_device  # closing the balancers took their replicas out
+
+
+async def test_a_cold_replica_on_a_shared_device_does_not_make_it_look_infinitely_busy(
+        clock: FakeClock) -> None:
+    # A replica that has not measured a batch prices its own work as unknown (infinite) while
+    # it runs its probe batch; to the other model on that device it counts nothing, so the
+    # other model's prices, batch sizes and admission stay finite.
+    from evenflow.balancer.ledger import DeviceLedger
+
+    ledger = DeviceLedger()
+    cold_worker = FakeWorker("cold", gated=True, devices=("dev0",))
+    cold = ModelBalancer(model_name="cold", workers=[cold_worker], clock=clock,
+                         config=BalancerConfig(max_wait_s=0.0), ledger=ledger)
+    warm = ModelBalancer(model_name="warm", workers=[FakeWorker("warm", devices=("dev0",))],
+                         clock=clock, config=BalancerConfig(max_wait_s=0.0), ledger=ledger)
+    for balancer in (cold, warm):
+        balancer.start()
+    seed_fit(warm, 0, 0.010, 0.001)
+    probe = cold.submit("probe", 1)
+    await settle()
+    assert math.isinf(cold.replicas[0].own_load(clock()).work_s(1))
+    assert math.isfinite(warm.replicas[0].load(clock()).work_s(1))
+    assert await warm.submit("x", 1) == ("out", "x")
+    cold_worker.release()
+    await probe
+    for balancer in (cold, warm):
+        await balancer.close()
