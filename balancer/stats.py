@@ -91,27 +91,33 @@ class Lateness:
     it keeps is what the device-time model misses here (batch joiners, thread hand-offs, a busy
     loop), learned rather than guessed."""
 
-    __slots__ = ("_quantile", "_recent", "_since_refresh", "margin_s")
+    __slots__ = ("_grown", "_quantile", "_recent", "_since_refresh", "margin_s")
 
-    # Sorting the window costs ~15 us; once per this many new values, not once per batch.
+    # Sorting the window costs ~15 us: once per this many new values while lateness stays
+    # within the margin, at once when a value passes it (a stall must raise the margin now).
     _REFRESH_EVERY = 32
 
     def __init__(self, window: int = 512, quantile: float = 0.99) -> None:
         self._recent: deque[float] = deque(maxlen=window)
         self._quantile = quantile
         self._since_refresh = 0
+        self._grown = False
         self.margin_s = 0.0
 
     def add(self, late_s: float) -> None:
         if late_s > -math.inf:  # admitted without a prediction (a cold replica): nothing to learn
             self._recent.append(late_s)
             self._since_refresh += 1
+            self._grown = self._grown or late_s > self.margin_s
 
     def refresh(self) -> None:
-        """Recompute the margin, at most once per 32 new values (and for the first ones)."""
-        if self._since_refresh < self._REFRESH_EVERY and len(self._recent) > self._REFRESH_EVERY:
+        """Recompute the margin: at once when a new value passed it, else once per 32 new
+        values (and for each of the first 32)."""
+        if not self._grown and self._since_refresh < self._REFRESH_EVERY \
+                and len(self._recent) > self._REFRESH_EVERY:
             return
         self._since_refresh = 0
+        self._grown = False
         if self._recent:
             ordered = sorted(self._recent)  # nearest rank, as loadtest.percentiles
             index = max(0, math.ceil(self._quantile * len(ordered)) - 1)
