@@ -4,7 +4,9 @@
 
 Three servers, one after another at each concurrency (A B C A B C): the bare grpc.aio+uvloop
 echo server (``benchmarks.echo_server``: gRPC and the event loop only), evenflow serving ``mlp``
-on one CPU worker, and evenflow serving a free model (``sim`` at 0 ms, named ``mlp``). evenflow
+on one CPU worker, and evenflow serving a free model (``sim`` at 0 ms, named ``mlp``); the free
+model once more over ModelStreamInfer (one stream per client slot, ``stream``), where gRPC's
+per-call costs are paid once per stream instead of once per request. evenflow
 runs with ``EVENFLOW_CPU_PARTS=1``: each part of the path reads its thread's CPU clock
 (``evenflow.balancer.stats.CPU_PARTS``) and the server exports the sums as
 ``evenflow_cpu_seconds_total``. For each point the closed-loop generator of ``evenflow
@@ -32,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.harness import REPO, Server, evenflow_argv, start, write_json
 from evenflow.balancer.stats import CPU_PARTS
 from evenflow.loadtest.runner import OK, Target, closed_loop, mlp_like_request
+from evenflow.loadtest.streaming import stream_closed_loop
 from evenflow.server.cpu_accounting import ENV_VAR
 
 REST = "grpc+loop"
@@ -72,15 +75,17 @@ def _parts_s(url: str | None) -> dict[str, float]:
     return parts
 
 
-async def _point(server: Server, concurrency: int, seconds: float) -> dict[str, float]:
+async def _point(server: Server, concurrency: int, seconds: float,
+                 streaming: bool = False) -> dict[str, float]:
     """Per-request CPU microseconds by part (and the total) at one concurrency."""
     target = Target(server.url, mlp_like_request("mlp", "x", [1, 256]))
     metrics = _metrics_url(server)
+    run = stream_closed_loop if streaming else closed_loop
     try:
-        await closed_loop(target, concurrency=concurrency, duration_s=1.0)
+        await run(target, concurrency=concurrency, duration_s=1.0)
         parts_before, cpu_before_s = _parts_s(metrics), server.cpu_s()
         started_s = time.monotonic()
-        records = await closed_loop(target, concurrency=concurrency, duration_s=seconds)
+        records = await run(target, concurrency=concurrency, duration_s=seconds)
         elapsed_s = time.monotonic() - started_s
         parts_after, cpu_after_s = _parts_s(metrics), server.cpu_s()
     finally:
@@ -94,7 +99,7 @@ async def _point(server: Server, concurrency: int, seconds: float) -> dict[str, 
 
 
 def _table(rows: dict[tuple[str, int], dict[str, float]], concurrencies: list[int]) -> str:
-    columns = [(name, c) for c in concurrencies for name in ("echo", "free", "mlp")]
+    columns = [(name, c) for c in concurrencies for name in ("echo", "free", "stream", "mlp")]
     header = "| part (us per request) | " + " | ".join(f"{n} c={c}" for n, c in columns) + " |"
     lines = [header, "|---|" + "---|" * len(columns)]
     for part in (*CPU_PARTS, REST, "total", "requests_per_s"):
@@ -122,10 +127,11 @@ def main() -> None:
     try:
         for concurrency in concurrencies:
             for _ in range(args.repeats):
-                for name, server in servers.items():
-                    point = asyncio.run(_point(server, concurrency, args.seconds))
+                for name, server, streaming in (*((n, s, False) for n, s in servers.items()),
+                                                ("stream", servers["free"], True)):
+                    point = asyncio.run(_point(server, concurrency, args.seconds, streaming))
                     runs.setdefault((name, concurrency), []).append(point)
-                    print(f"  {name:5s} c={concurrency:<3d} {point['requests_per_s']:7.0f} req/s "
+                    print(f"  {name:6s} c={concurrency:<3d} {point['requests_per_s']:7.0f} req/s "
                           f"{point['total']:6.0f} us CPU per request", flush=True)
     finally:
         for server in servers.values():
