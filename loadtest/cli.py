@@ -88,39 +88,47 @@ def parser() -> argparse.ArgumentParser:
 
 async def run_points(args: argparse.Namespace, request_bytes: bytes) -> list[dict[str, Any]]:
     mode = "concurrency" if args.concurrency else "rate"
-    values = args.concurrency or args.rate
     view = LiveView()
     points = []
-    for value in values:
-        # Spawned generator processes need a few seconds to import; all start together then.
-        start_s = time.monotonic() + (4.0 if args.procs > 1 else 0.05)
-        spec = LoadSpec(args.url, request_bytes, mode, value, args.warmup_s + args.duration_s,
-                        args.arrival, args.seed, args.streaming, args.timeout_s, start_s,
-                        credentials_from_args(args))
-        watcher = ServerWatcher(args.url, args.model, credentials=credentials_from_args(args))
-        progress = Progress()
-        label = f"{value:g} {'conc' if mode == 'concurrency' else 'req/s'}"
+    for value in args.concurrency or args.rate:
+        result = await _run_point(args, request_bytes, view, mode, value, args.seed,
+                                  watch_server=True)
+        points.append(result.as_dict() | {"warmup_s": args.warmup_s})
+    return points
 
-        async def watch_after_warmup(watcher: ServerWatcher = watcher,
-                                     start_s: float = start_s) -> None:
+
+async def _run_point(args: argparse.Namespace, request_bytes: bytes, view: LiveView, mode: str,
+                     value: float, seed: int, *, watch_server: bool) -> PointResult:
+    """One load point (``mode`` concurrency or rate at ``value``), printed; with
+    ``watch_server``, the server's own view after the warm-up too (evenflow servers)."""
+    # Spawned generator processes need a few seconds to import; all start together then.
+    start_s = time.monotonic() + (4.0 if args.procs > 1 else 0.05)
+    spec = LoadSpec(args.url, request_bytes, mode, value, args.warmup_s + args.duration_s,
+                    args.arrival, seed, args.streaming, args.timeout_s, start_s,
+                    credentials_from_args(args))
+    watcher = (ServerWatcher(args.url, args.model, credentials=credentials_from_args(args))
+               if watch_server else None)
+
+    async def watch_after_warmup() -> None:
+        if watcher is not None:
             await asyncio.sleep(max(0.0, start_s + args.warmup_s - time.monotonic()))
             await watcher.start(start_s + args.warmup_s)
 
-        watching = asyncio.create_task(watch_after_warmup())
-        drawing = asyncio.create_task(view.watch(progress, label, spec.duration_s))
-        try:
-            shares = await generate(spec, args.procs, progress)
-        finally:
-            drawing.cancel()
-        await watching
-        server = await watcher.stop()
-        result = summarize(spec, shares, start_s, args.warmup_s)
-        result.duration_s = args.duration_s
-        result.server = server.as_dict()
-        point = result.as_dict() | {"warmup_s": args.warmup_s}
-        points.append(point)
-        _print_point(result)
-    return points
+    watching = asyncio.create_task(watch_after_warmup())
+    progress = Progress()
+    label = f"{value:g} {'conc' if mode == 'concurrency' else 'req/s'}"
+    drawing = asyncio.create_task(view.watch(progress, label, spec.duration_s))
+    try:
+        shares = await generate(spec, args.procs, progress)
+    finally:
+        drawing.cancel()
+    await watching
+    result = summarize(spec, shares, start_s, args.warmup_s)
+    result.duration_s = args.duration_s
+    if watcher is not None:
+        result.server = (await watcher.stop()).as_dict()
+    _print_point(result)
+    return result
 
 
 def _print_point(result: PointResult) -> None:
@@ -183,21 +191,9 @@ async def run_slo_search(args: argparse.Namespace,
                               tolerance=args.tolerance, repeats=args.repeats)
 
     async def measure(rate_per_s: float, seed: int) -> Probe:
-        start_s = time.monotonic() + (4.0 if args.procs > 1 else 0.05)
-        spec = LoadSpec(args.url, request_bytes, "rate", rate_per_s,
-                        args.warmup_s + args.duration_s, args.arrival, seed, args.streaming,
-                        args.timeout_s, start_s, credentials_from_args(args))
-        progress = Progress()
-        drawing = asyncio.create_task(view.watch(progress, f"{rate_per_s:.1f} req/s",
-                                                 spec.duration_s))
-        try:
-            shares = await generate(spec, args.procs, progress)
-        finally:
-            drawing.cancel()
-        result = summarize(spec, shares, start_s, args.warmup_s)
-        result.duration_s = args.duration_s
+        result = await _run_point(args, request_bytes, view, "rate", rate_per_s, seed,
+                                  watch_server=False)
         points.append(result.as_dict() | {"warmup_s": args.warmup_s, "seed": seed})
-        _print_point(result)
         return probe_of(result, seed)
 
     found = await search_goodput(measure, settings, first_seed=args.seed)

@@ -13,10 +13,9 @@ from collections.abc import AsyncIterator
 import grpc
 
 from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest, ShuttingDown
-from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server import codec, shapes
+from evenflow.server import codec, cpu_accounting, shapes
 from evenflow.server.decoding import Undecodable, tolerant_deserializer
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
 from evenflow.server.model_control import (
@@ -70,43 +69,30 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             priority, timeout_s = codec.read_parameters(request)
             if timeout_s is not None:
                 deadline_s = min(deadline_s, time.monotonic() + timeout_s)
+        # With EVENFLOW_CPU_PARTS=1, this thread's CPU time in decode, routing and encode.
         cpu = model.balancer.counters.cpu
-        if cpu is not None and not specs.variable_shapes:
-            return await self._infer_counted(request, model, deadline_s, priority, cpu)
-        arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
-        chosen = codec.requested_outputs(request, specs.outputs)
-        if not specs.variable_shapes:
-            outputs = await model.balancer.submit(arrays, num_samples, deadline_s, priority)
-            return codec.encode_response(request, specs.outputs, chosen, outputs)
-        lengths = None
-        if specs.padding is not None:
-            arrays, lengths = shapes.pad_inputs(arrays, specs.inputs, specs.padding)
-        outputs = await model.balancer.submit(arrays, num_samples, deadline_s, priority,
-                                              shape_key=shapes.shape_key(arrays))
-        if lengths:
-            outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
-        return codec.encode_response(request, specs.outputs, chosen, outputs)
-
-    async def _infer_counted(self, request: pb.ModelInferRequest, model: ServedModel,
-                             deadline_s: float, priority: int,
-                             cpu: CpuParts) -> pb.ModelInferResponse:
-        """``_infer`` with the CPU time of decode, admission and routing, and encode counted
-        (``EVENFLOW_CPU_PARTS=1``)."""
-        specs = model.definition
-        clock = time.thread_time
+        clock = time.thread_time if cpu is not None else cpu_accounting.no_clock
         started_s = clock()
         arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
         chosen = codec.requested_outputs(request, specs.outputs)
+        lengths = shape_key = None
+        if specs.variable_shapes:
+            if specs.padding is not None:
+                arrays, lengths = shapes.pad_inputs(arrays, specs.inputs, specs.padding)
+            shape_key = shapes.shape_key(arrays)
         decoded_s = clock()
-        cpu.add("decode", decoded_s - started_s)
-        try:
-            answer = model.balancer.submit(arrays, num_samples, deadline_s, priority)
-        finally:
-            cpu.add("route", clock() - decoded_s)
+        answer = model.balancer.submit(arrays, num_samples, deadline_s, priority,
+                                       shape_key=shape_key)
+        routed_s = clock()
         outputs = await answer
+        if lengths:
+            outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
         encoding_s = clock()
         response = codec.encode_response(request, specs.outputs, chosen, outputs)
-        cpu.add("encode", clock() - encoding_s)
+        if cpu is not None:
+            cpu.add("decode", decoded_s - started_s)
+            cpu.add("route", routed_s - decoded_s)
+            cpu.add("encode", clock() - encoding_s)
         return response
 
     async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,

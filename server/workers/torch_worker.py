@@ -66,7 +66,7 @@ class TorchWorker(ThreadWorker):
             self._stream.synchronize()
 
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
-        clock = time.thread_time if self._measure_cpu else _no_clock
+        clock = time.thread_time if self._measure_cpu else cpu_accounting.no_clock
         c0, t0 = clock(), time.perf_counter()
         inputs = batch_inputs(jobs, self._definition.inputs, self._device, self._dtype)
         self._sync()
@@ -84,10 +84,6 @@ class TorchWorker(ThreadWorker):
         return BatchResult(per_job, BatchTiming(t1 - t0, t2 - t1, t3 - t2),
                            BatchTiming(c1 - c0, c2 - c1, c3 - c2) if self._measure_cpu
                            else None)
-
-
-def _no_clock() -> float:
-    return 0.0
 
 
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}
