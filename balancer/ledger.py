@@ -31,6 +31,10 @@ class DeviceLedger:
             if not sharing:
                 del self._by_device[device]
 
+    def shared(self, replica: Replica) -> bool:
+        """Whether another replica runs on any of ``replica``'s devices."""
+        return any(len(self._by_device.get(device, ())) > 1 for device in replica.worker.devices)
+
     def _others(self, replica: Replica) -> list[Replica]:
         others: dict[int, Replica] = {}
         for device in replica.worker.devices:

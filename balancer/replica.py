@@ -150,10 +150,11 @@ class Replica:
     def load(self, now_s: float) -> ReplicaLoad:
         """What the policies price: this replica's own work, and, when other models' replicas
         share its device (``ledger``), theirs as time before its next batch can start."""
-        if self.ledger is None:
-            return self.own_load(now_s)
-        shared_s = self.ledger.others_work_s(self, now_s)
-        return self.own_load(now_s, shared_s) if shared_s > 0.0 else self.own_load(now_s)
+        shared_s = self.ledger.others_work_s(self, now_s) if self.ledger is not None else 0.0
+        return self.own_load(now_s, shared_s)
+
+    def _shares_device(self) -> bool:
+        return self.ledger is not None and self.ledger.shared(self)
 
     def own_load(self, now_s: float, shared_s: float = 0.0) -> ReplicaLoad:
         fit = self.estimator.fit
@@ -351,9 +352,11 @@ class Replica:
         # What a request sees of its batch is the time from the batch's start to its answer on
         # this loop: the device time plus the hand-offs to the worker and back and any delay of
         # a busy loop. That is what the fit learns (it lands in ``a``), so batch sizes and
-        # admission budget for it. Batches that overlap (a pipeline) share the wall time; they
-        # learn the device time.
-        batch_s = max(device_s, now_s - start_s) if self._max_in_flight == 1 else device_s
+        # admission budget for it. Batches that overlap (a pipeline) share the wall time, and on
+        # a device shared with other models the wall time holds the wait for their batches
+        # (priced through the ledger): those learn the device time.
+        batch_s = device_s if self._max_in_flight > 1 or self._shares_device() \
+            else max(device_s, now_s - start_s)
         self.estimator.observe(num_samples, batch_s)
         self.controller.update(self.estimator.fit, num_samples, batch_s)
         stats = self.stats

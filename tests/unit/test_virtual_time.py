@@ -4,6 +4,7 @@ behaviour (exact, repeatable), not machine performance."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Iterator
@@ -114,3 +115,35 @@ def test_under_overload_batches_grow_and_admission_sheds_the_rest(loop: VirtualL
     fast = balancer.replicas[0]
     assert fast.controller.batch_size == 7
     assert max(fast.stats.batch_size_counts) > 7
+
+
+def test_models_sharing_a_device_learn_its_time_not_their_wait_for_it(
+        loop: VirtualLoop) -> None:
+    # Two models on one simulated device (10 ms + 2 ms per sample), batches taking turns.
+    # Each model's fit must learn the device's cost; the wait for the other model's batch is
+    # priced through the device ledger, not folded into ``a`` a second time.
+    from benchmarks.slo_scenarios import DeviceShare, SharedDevice
+    from evenflow.balancer.ledger import DeviceLedger
+
+    async def run() -> list[float]:
+        shared = SharedDevice(SimDevice("sim0", 1.0))
+        ledger = DeviceLedger()
+        balancers = [ModelBalancer(model_name=name, workers=[DeviceShare(shared)],
+                                   config=LEAST_WORK, clock=loop.time, rng=random.Random(0),
+                                   ledger=ledger) for name in ("a", "b")]
+        for balancer in balancers:
+            balancer.start()
+        rng = random.Random(3)
+        pending = []
+        for _ in range(600):  # ~150 req/s offered to each model for 2 s
+            await asyncio.sleep(rng.expovariate(300.0))
+            with contextlib.suppress(Overloaded):
+                pending.append(balancers[rng.randrange(2)].submit(None, 1))
+        await asyncio.gather(*pending)
+        fits = [b.replicas[0].estimator.fit.base_s for b in balancers]
+        for balancer in balancers:
+            await balancer.close()
+        return fits
+
+    for base_s in loop.run_until_complete(run()):
+        assert base_s == pytest.approx(0.010, abs=0.001)
