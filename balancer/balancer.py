@@ -344,7 +344,7 @@ class ModelBalancer:
                 continue
             moved = [victim.queue.pop_tail() for _ in range(count)]
             for job in reversed(moved):
-                thief.queue.push(job)
+                thief.queue.push_behind(job)
             thief.stats.num_stolen_requests += count
 
     def _rebind(self, replica: Replica, batch: list[Job]) -> list[Job]:
@@ -378,7 +378,7 @@ class ModelBalancer:
             kept.pop()
             samples -= job.num_samples
             job.rebound = True
-            target.queue.push(job)
+            target.queue.push_behind(job)
             self.counters.rebound += 1
         return kept
 

@@ -62,6 +62,16 @@ class JobQueue:
         self.num_samples += job.num_samples
         self._wake()
 
+    def push_behind(self, job: Job) -> None:
+        """Queue ``job`` behind everything already queued at its level, whatever its due time:
+        for work moved here from another replica (stealing, late binding), which was priced
+        at the end of this queue, and must not push back jobs this replica already admitted
+        against their own predictions."""
+        jobs = self._levels[job.level]
+        if jobs and jobs[-1].due_s > job.due_s:
+            job.due_s = jobs[-1].due_s
+        self.push(job)
+
     def pop_tail(self) -> Job:
         """The newest job of the least urgent non-empty level."""
         level = next(level for level in reversed(self._levels) if level)

@@ -148,3 +148,30 @@ def test_an_idle_replica_on_a_stale_estimate_gets_a_probe() -> None:
     assert choose_least_work([fast, was_slow], 1, random.Random(0)) == 1
     fresh_slow = ReplicaLoad(0.0, 0, 0, 0, 0.050, 0.010, 8)
     assert choose_least_work([fast, fresh_slow], 1, random.Random(0)) == 0
+
+
+def test_a_queue_orders_by_due_time_and_moved_work_goes_behind() -> None:
+    import asyncio
+    import math
+
+    from evenflow.balancer.job import Job
+    from evenflow.balancer.queue import JobQueue
+
+    loop = asyncio.new_event_loop()
+    try:
+        queue = JobQueue()
+
+        def job(name: str, due_s: float) -> Job:
+            return Job(name, 1, 0.0, math.inf, loop.create_future(), due_s=due_s)
+
+        late, early, tight = job("late", 2.0), job("early", 1.0), job("tight", 0.5)
+        for each in (late, early, tight):
+            queue.push(each)
+        assert queue.take(3, now_s=0.0) == [tight, early, late]  # earliest due first
+        mine, moved = job("mine", 2.0), job("moved", 0.5)
+        queue.push(mine)
+        queue.push_behind(moved)  # stolen or rebound work: priced at the end, stays there
+        assert queue.take(2, now_s=0.0) == [mine, moved]
+        assert moved.due_s == 2.0
+    finally:
+        loop.close()
