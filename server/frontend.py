@@ -103,6 +103,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self._count_failure(request, exc)
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise  # unreachable: abort raises
+        except Exception as exc:  # a server bug: INTERNAL, logged, and the server keeps serving
+            internal = _internal_error(request, exc)
+            self._count_failure(request, internal)
+            await context.abort(STATUS_OF[internal.code], str(internal))
+            raise  # unreachable: abort raises
 
     async def ModelStreamInfer(self,
                                request_iterator: AsyncIterator[pb.ModelInferRequest | Undecodable],
@@ -119,7 +124,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 response = pb.ModelStreamInferResponse(
                     infer_response=await self._infer(request, deadline_s))
-            except EvenflowError as exc:
+            except Exception as error:  # a server bug becomes INTERNAL: never an unanswered id
+                exc = error if isinstance(error, EvenflowError) else _internal_error(request,
+                                                                                    error)
                 self._count_failure(request, exc)
                 response = pb.ModelStreamInferResponse(
                     error_message=f"{exc.code.name}: {exc}",
@@ -282,6 +289,15 @@ def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError
     if logger.isEnabledFor(level):
         logger.log(level, "request failed: %s", exc, extra={
             "request_id": request.id, "model": request.model_name, "code": exc.code.name})
+
+
+def _internal_error(request: pb.ModelInferRequest | Undecodable,
+                    error: Exception) -> EvenflowError:
+    """What a request hears when the server itself fails on it (a bug): INTERNAL, with the
+    exception logged here with its traceback."""
+    logger.error("request %r to model %r failed inside the server", request.id,
+                 request.model_name, exc_info=error)
+    return EvenflowError(f"internal server error ({type(error).__name__}); see the server log")
 
 
 def _deadline_s(context: grpc.aio.ServicerContext) -> float:

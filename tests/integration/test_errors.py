@@ -219,3 +219,31 @@ async def test_full_queue_is_resource_exhausted(gated) -> None:
     await first
     await second
     assert balancer.counters.rejected == {"queue_full": 1}
+
+
+async def test_a_bug_in_the_server_answers_internal_and_the_server_keeps_serving(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from evenflow.client import ServerInternalError
+    from evenflow.server import codec
+    from evenflow.server.models.spec import SimProfile
+
+    real_encode = codec.encode_response
+
+    def encode_or_fail(request, specs, chosen, arrays):  # type: ignore[no-untyped-def]
+        if request.id in ("boom", "1"):
+            raise RuntimeError("a bug while encoding")
+        return real_encode(request, specs, chosen, arrays)
+
+    monkeypatch.setattr(codec, "encode_response", encode_or_fail)
+    async with running_app((("sim", "sim"),), devices="sim:1",
+                           sim_profile=SimProfile(base_ms=0.0, per_sample_ms=0.0)) as (_, url), \
+            AsyncClient(url) as client:
+        x = np.ones((1, 256), np.float32)
+        with pytest.raises(ServerInternalError, match="internal server error"):
+            await client.infer("sim", {"x": x}, request_id="boom")
+        assert (await client.infer("sim", {"x": x}))["y"].shape == (1, 256)
+        # Over a stream the failing request (id "1") is answered too, and the stream goes on.
+        answers = {r.request_id: r async for r in client.stream_infer("sim", [{"x": x}] * 3)}
+        assert set(answers) == {"0", "1", "2"}
+        assert isinstance(answers["1"].error, ServerInternalError)
+        assert answers["0"].error is None and answers["2"].error is None
