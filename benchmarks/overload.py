@@ -8,7 +8,7 @@ the p99 time to a refusal, and the answers by status. Run it with the time-bound
 on (the server's default) and, for comparison, off (``--max-queue-delay-ms inf``: only the
 count bound and the clients' deadlines limit the queue):
 
-    python -m benchmarks.overload [--seconds 10] [--factor 3]
+    python -m benchmarks.overload [--seconds 10] [--factor 3] [--modes default,count-only]
 """
 
 from __future__ import annotations
@@ -86,11 +86,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--factor", type=float, default=3.0, help="offered load / capacity")
+    parser.add_argument("--modes", default="default,count-only",
+                        help="comma list: default (admission in time), count-only")
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    modes = {"admission in time (default)": (),
-             "count bound only (--max-queue-delay-ms inf)": ("--max-queue-delay-ms", "inf")}
+    chosen = args.modes.split(",")
+    modes = {name: extra for key, name, extra in (
+        ("default", "admission in time (default)", ()),
+        ("count-only", "count bound only (--max-queue-delay-ms inf)",
+         ("--max-queue-delay-ms", "inf"))) if key in chosen}
     results = {}
     print(f"capacity {CAPACITY_PER_S:.0f} req/s, offered {args.factor:g}x for {args.seconds:g} s, "
           f"target {TARGET_MS:.0f} ms, client deadline {DEADLINE_S:g} s")
