@@ -25,7 +25,7 @@ from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server import cpu_accounting
-from evenflow.server.config import ModelConfig, PipelineConfig, ServerConfig
+from evenflow.server.config import DTYPES, ModelConfig, PipelineConfig, ServerConfig
 from evenflow.server.models.repository import load_definition
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.pipeline.worker import PipelineWorker
@@ -35,7 +35,8 @@ from evenflow.server.workers.torch_worker import SimWorker, TorchWorker
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The names are stated once, in config (which must not import torch); each is a torch dtype.
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 class ModelState(enum.Enum):
@@ -203,7 +204,7 @@ class ModelManager:
                                              outputs=model.outputs or definition.outputs)
         assert model.pipeline is not None and model.balancer is not None  # resolved
         workers = await asyncio.to_thread(
-            build_workers, model.name, definition, self._devices, DTYPES[config.dtype],
+            build_workers, model.name, definition, self._devices, TORCH_DTYPES[config.dtype],
             model.pipeline, config.cpu_threads)
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
                                  on_health=self._on_health, ledger=self._ledger)
