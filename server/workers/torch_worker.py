@@ -106,6 +106,7 @@ class SimWorker(TorchWorker):
     def __init__(self, *, model_name: str, definition: ModelDefinition, device: DeviceSpec,
                  cpu_threads: int = 1) -> None:
         self.speed = device.speed
+        self._device_lock = _device_lock(device.name)
         self._fault = ""  # "", "raise", "hang" or "die" (fault injection, see set_device_fault)
         self._fault_count = 0
         self._unhang = threading.Event()
@@ -151,7 +152,7 @@ class SimWorker(TorchWorker):
 
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
         self._inject()
-        with _device_lock(self.devices[0]):  # one batch at a time per device, across models
+        with self._device_lock:  # one batch at a time per device, across models
             return self._simulate(jobs)
 
     def _simulate(self, jobs: Sequence[Job]) -> BatchResult:
