@@ -16,7 +16,15 @@ from evenflow.balancer.errors import (
     WorkerLost,
 )
 from evenflow.balancer.estimator import LatencyFit, LatencyModel
-from evenflow.balancer.job import BatchResult, BatchTiming, Clock, Job, Worker
+from evenflow.balancer.job import (
+    BatchResult,
+    BatchTiming,
+    Clock,
+    Job,
+    SingleDeviceWorker,
+    Worker,
+    WorkerStatus,
+)
 from evenflow.balancer.policies import Policy, ReplicaLoad
 from evenflow.balancer.stats import BalancerSnapshot, ReplicaSnapshot
 
@@ -24,7 +32,7 @@ __all__ = [
     "BalancerConfig", "BalancerSnapshot", "BatchFailed", "BatchResult", "BatchSizeController",
     "BatchTiming", "Clock", "DeadlineExceeded", "ErrorCode", "EvenflowError", "InvalidRequest",
     "Job", "LatencyFit", "LatencyModel", "ModelBalancer", "ModelNotFound", "OutOfMemory",
-    "Overloaded", "Policy", "ReplicaLoad", "ReplicaSnapshot", "ShuttingDown", "Worker",
-    "WorkerLost",
+    "Overloaded", "Policy", "ReplicaLoad", "ReplicaSnapshot", "ShuttingDown",
+    "SingleDeviceWorker", "Worker", "WorkerLost", "WorkerStatus",
     "best_batch_size",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -61,11 +61,26 @@ class BatchResult:
     cpu: BatchTiming | None = None
 
 
-class Worker(Protocol):
-    """A replica's executor: one device, or a pipeline of stages, that runs one batch at a time.
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """What a worker reports about itself besides its batches: a pipeline's stages (device,
+    layers, planned and measured seconds) and how often it re-partitioned."""
 
-    ``run`` must not block the event loop. It raises ``BatchFailed`` (or ``OutOfMemory``) when the
-    model fails; any other exception is treated as ``BatchFailed`` with its message.
+    stages: tuple[Mapping[str, Any], ...] = ()
+    num_repartitions: int = 0
+
+
+class Worker(Protocol):
+    """A replica's executor: one device, or a pipeline of stages. This is the one seam between
+    the balancer and every worker host (a thread in this process, a worker process, a remote
+    actor): the balancer sees nothing of a worker but these members and the latency it measures.
+
+    ``max_in_flight`` batches may run at once (1, or a pipeline's stages plus one). ``run`` must
+    not block the event loop. It raises ``BatchFailed`` (or ``OutOfMemory``) when the model fails,
+    ``WorkerLost`` when whatever runs batches died; any other exception is treated as
+    ``BatchFailed`` with its message. ``status`` must be cheap (it is read for every stats call).
+    ``set_device_speed`` / ``set_device_fault`` change a simulated device of this worker (tests,
+    drills) and raise ``KeyError`` when it has no simulated device of that name.
     """
 
     @property
@@ -74,7 +89,16 @@ class Worker(Protocol):
     @property
     def devices(self) -> Sequence[str]: ...
 
+    @property
+    def max_in_flight(self) -> int: ...
+
     async def run(self, jobs: Sequence[Job]) -> BatchResult: ...
+
+    def status(self) -> WorkerStatus: ...
+
+    async def set_device_speed(self, device: str, speed: float) -> float: ...
+
+    async def set_device_fault(self, device: str, fault: str, count: int) -> None: ...
 
     async def restart(self) -> None:
         """Replace whatever runs batches (a thread, a process) after it died or hung; the old
@@ -82,3 +106,20 @@ class Worker(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class SingleDeviceWorker:
+    """The members of ``Worker`` that a worker of one device, running one batch at a time and
+    with no simulated controls, answers the same way (mix in, then add ``run`` and the rest)."""
+
+    __slots__ = ()
+    max_in_flight = 1
+
+    def status(self) -> WorkerStatus:
+        return WorkerStatus()
+
+    async def set_device_speed(self, device: str, speed: float) -> float:
+        raise KeyError(device)  # a real device's speed is what it is
+
+    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
+        raise KeyError(device)

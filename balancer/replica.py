@@ -83,7 +83,7 @@ class Replica:
         self._running_since_s: float | None = None
         self._running_end_s = 0.0
         self._running_requests = 0
-        self._max_in_flight = max(1, int(getattr(worker, "max_in_flight", 1)))
+        self._max_in_flight = max(1, worker.max_in_flight)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
         self._quiet = asyncio.Event()  # nothing queued and nothing running
@@ -169,7 +169,7 @@ class Replica:
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self.estimator.fit
-        stage_snapshot = getattr(self.worker, "stage_snapshot", None)  # pipeline workers
+        status = self.worker.status()
         return ReplicaSnapshot(
             name=self.name, devices=tuple(self.worker.devices),
             busy_fraction=self.stats.busy.fraction(now_s, self._running_since_s),
@@ -181,8 +181,7 @@ class Replica:
             num_stolen_requests=self.stats.num_stolen_requests,
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
-            stages=tuple(stage_snapshot()) if callable(stage_snapshot) else (),
-            num_repartitions=int(getattr(self.worker, "num_repartitions", 0)),
+            stages=status.stages, num_repartitions=status.num_repartitions,
             healthy=self.healthy, restarts=self.restarts)
 
     async def _run(self) -> None:

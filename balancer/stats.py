@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,7 +210,7 @@ class ReplicaSnapshot:
     num_stolen_requests: int
     running_requests: int
     batch_size_counts: dict[int, int]
-    stages: tuple[dict[str, Any], ...] = ()  # pipeline replicas: their worker's plan
+    stages: tuple[Mapping[str, Any], ...] = ()  # pipeline replicas: their worker's plan
     num_repartitions: int = 0
     healthy: bool = True  # in routing (False while its lost worker restarts)
     restarts: int = 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from benchmarks.virtual_time import SimDevice
 from evenflow.balancer import BalancerConfig, EvenflowError, ModelBalancer
 from evenflow.balancer.capacity import DeviceCost, slo_limit_per_s
-from evenflow.balancer.job import BatchResult, Job
+from evenflow.balancer.job import BatchResult, Job, SingleDeviceWorker
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.loadtest.percentiles import ordered_percentile
@@ -87,7 +87,7 @@ class SharedDevice:
 
 
 @dataclass(slots=True)
-class DeviceShare:
+class DeviceShare(SingleDeviceWorker):
     """A model's worker on a shared device."""
 
     shared: SharedDevice

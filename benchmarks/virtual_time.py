@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from evenflow.balancer import BalancerConfig, ModelBalancer, Policy
-from evenflow.balancer.job import BatchResult, BatchTiming, Job
+from evenflow.balancer.job import BatchResult, BatchTiming, Job, SingleDeviceWorker
 from evenflow.loadtest.percentiles import percentile
 
 SPEEDS = (1.0, 1.0, 0.5, 0.25)
@@ -53,7 +53,7 @@ class VirtualLoop(asyncio.SelectorEventLoop):
 
 
 @dataclass(slots=True)
-class SimDevice:
+class SimDevice(SingleDeviceWorker):
     """A device whose batch of ``b`` samples takes ``(base_s + per_sample_s * b) / speed``."""
 
     name: str

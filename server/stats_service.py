@@ -75,10 +75,9 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
         for model in self._models:  # every model's worker (or pipeline stage) on that device
             for replica in model.balancer.replicas:
                 worker = replica.worker
-                setter = getattr(worker, "set_device_speed", None)
-                if callable(setter) and request.device in worker.devices:
+                if request.device in worker.devices:
                     with contextlib.suppress(KeyError):
-                        previous = setter(request.device, request.speed)
+                        previous = await worker.set_device_speed(request.device, request.speed)
         if previous is None:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no simulated device named {request.device!r}")
@@ -90,13 +89,15 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
         for model in self._models:  # every model's worker on that device
             for replica in model.balancer.replicas:
                 worker = replica.worker
-                setter = getattr(worker, "set_device_fault", None)
-                if callable(setter) and request.device in worker.devices:
-                    try:
-                        setter(request.device, request.fault, request.count)
-                    except ValueError as exc:
-                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-                    found = True
+                if request.device not in worker.devices:
+                    continue
+                try:
+                    await worker.set_device_fault(request.device, request.fault, request.count)
+                except KeyError:
+                    continue  # not a simulated device
+                except ValueError as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                found = True
         if not found:
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no simulated device named {request.device!r}")

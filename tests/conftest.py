@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.harness import wait_for_line
-from evenflow.balancer import BatchResult, BatchTiming, Job
+from evenflow.balancer import BatchResult, BatchTiming, Job, SingleDeviceWorker
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -33,7 +33,7 @@ class FakeClock:
 
 
 @dataclass
-class FakeWorker:
+class FakeWorker(SingleDeviceWorker):
     """A worker whose batches cost ``base_s + per_sample_s * samples`` (reported, not slept).
 
     With ``gated`` set, each batch waits until the test calls ``release()``, so a test controls

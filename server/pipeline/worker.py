@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from evenflow.balancer.errors import BatchFailed, ShuttingDown, WorkerLost
-from evenflow.balancer.job import BatchResult, BatchTiming, Job
+from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
 from evenflow.balancer.partition import StagePlan, even_split, plan_stages
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.pipeline.layers import layer_costs_s, layer_memory_bytes, split_into_layers
@@ -71,11 +71,11 @@ class PipelineWorker:
         self._speeds = [d.speed for d in devices]  # planning speeds, re-estimated on drift
         self.plan = self._make_plan(self._speeds)
         self._name = f"{model_name}@{'+'.join(d.name for d in devices)}"
-        self.max_in_flight = len(devices) + 1
+        self._max_in_flight = len(devices) + 1
         self._stages = [
             Stage(index=i, device=self._torch_devices[i], device_name=d.name, speed=d.speed,
                   module=self._stage_module(i), cpu_threads=cpu_threads,
-                  inbox_size=self.max_in_flight if i == 0 else 2)
+                  inbox_size=self._max_in_flight if i == 0 else 2)
             for i, d in enumerate(devices)]
         for stage, following in zip(self._stages, self._stages[1:], strict=False):
             stage.next = following
@@ -84,7 +84,7 @@ class PipelineWorker:
         self._drained = asyncio.Event()
         self._drained.set()
         self._in_flight = 0
-        self._slots = asyncio.Semaphore(self.max_in_flight)  # stage 0's inbox never overflows
+        self._slots = asyncio.Semaphore(self._max_in_flight)  # stage 0's inbox never overflows
         self._closed = False
         self._stage_ratio = [1.0] * len(devices)
         self._measured_s = [0.0] * len(devices)
@@ -100,6 +100,13 @@ class PipelineWorker:
     @property
     def devices(self) -> Sequence[str]:
         return [d.name for d in self._devices]
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    def status(self) -> WorkerStatus:
+        return WorkerStatus(tuple(self.stage_snapshot()), self.num_repartitions)
 
     def _capacity(self) -> list[float]:
         capacity = []
@@ -238,13 +245,16 @@ class PipelineWorker:
             self._repartition_task = None
             self._open.set()
 
-    def set_device_speed(self, device: str, speed: float) -> float:
+    async def set_device_speed(self, device: str, speed: float) -> float:
         """Simulated devices only: change a stage's device speed while serving."""
         for stage, spec in zip(self._stages, self._devices, strict=True):
             if spec.name == device and spec.kind == "sim":
                 previous, stage.speed = stage.speed, speed
                 return previous
         raise KeyError(device)
+
+    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
+        raise KeyError(device)  # faults are injected into single-device sim workers only
 
     def stage_snapshot(self) -> list[dict[str, Any]]:
         return [{"device": spec.name, "first_layer": self.plan.bounds[i],

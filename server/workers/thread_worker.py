@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from evenflow.balancer.errors import BatchFailed, EvenflowError, WorkerLost
-from evenflow.balancer.job import BatchResult, Job
+from evenflow.balancer.job import BatchResult, Job, SingleDeviceWorker
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class ThreadExit(BaseException):
     batch in hand is answered WorkerLost and the thread is gone."""
 
 
-class ThreadWorker:
+class ThreadWorker(SingleDeviceWorker):
     """Base of the device workers: one thread, one batch at a time.
 
     ``run`` posts the batch to the thread and awaits a future that the thread resolves through

@@ -119,12 +119,12 @@ class SimWorker(TorchWorker):
         previous, self.speed = self.speed, speed
         return previous
 
-    def set_device_speed(self, device: str, speed: float) -> float:
+    async def set_device_speed(self, device: str, speed: float) -> float:
         if device not in self.devices:
             raise KeyError(device)
         return self.set_speed(speed)
 
-    def set_device_fault(self, device: str, fault: str, count: int = 1) -> None:
+    async def set_device_fault(self, device: str, fault: str, count: int = 1) -> None:
         """Inject a fault into this simulated device's next batches (tests and drills):
         ``raise`` (the next ``count`` batches raise), ``hang`` (the next batch blocks until
         ``clear``), ``die`` (the worker's thread exits in its next batch), ``clear``."""

@@ -37,7 +37,7 @@ async def test_health_is_not_serving_only_while_no_replica_is_in_service() -> No
             watch = health_pb2_grpc.HealthStub(channel).Watch(
                 health_pb2.HealthCheckRequest(service=""))
             assert (await watch.read()).status == SERVING
-            worker.set_device_fault("sim0", "die")  # type: ignore[attr-defined]
+            await worker.set_device_fault("sim0", "die", 1)
             with pytest.raises(ServerUnavailableError):
                 await client.infer("sim", {"x": np.ones((1, 256), np.float32)})
             assert (await watch.read()).status == NOT_SERVING

@@ -89,7 +89,7 @@ async def test_slowed_device_triggers_repartition_and_no_batch_is_lost() -> None
         return Job([x + i], 1, 0.0, math.inf, loop.create_future())
 
     try:
-        assert worker.set_device_speed("sim1", 0.25) == 1.0
+        assert await worker.set_device_speed("sim1", 0.25) == 1.0
         answered = 0
         for round_ in range(40):  # bounded: re-planning needs ~12 batches of evidence
             results = await asyncio.gather(*(worker.run([job(round_ * 3 + k)]) for k in range(3)))

@@ -1,0 +1,31 @@
+"""Errors across a process boundary: the class name and message travel, and the receiver
+raises the same evenflow error (or, for anything else, BatchFailed with the message)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from evenflow.balancer import errors
+
+_CLASSES: dict[str, type[Exception]] = {
+    cls.__name__: cls for cls in (
+        errors.EvenflowError, errors.ModelNotFound, errors.InvalidRequest,
+        errors.DeadlineExceeded, errors.Overloaded, errors.ShuttingDown, errors.BatchFailed,
+        errors.OutOfMemory, errors.WorkerLost, KeyError, ValueError)}
+
+
+class WireError(msgspec.Struct, array_like=True, frozen=True):
+    kind: str
+    message: str
+
+
+def to_wire(error: BaseException) -> WireError:
+    kind = type(error).__name__
+    if kind not in _CLASSES:
+        return WireError("BatchFailed", f"{kind}: {error}")
+    message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return WireError(kind, str(message))
+
+
+def from_wire(error: WireError) -> Exception:
+    return _CLASSES.get(error.kind, errors.BatchFailed)(error.message)
