@@ -132,6 +132,13 @@ FLAGS: dict[str, list[Flag]] = {
              "model-control, admin", _names),
         Flag("--metrics-port", "server.metrics_port",
              "serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)", int),
+        Flag("--frontends", "server.frontends",
+             "gRPC front-end processes sharing the port around one engine process (decode "
+             "and encode spread over cores; 1: one process serves everything)", int),
+        Flag("--workers", "server.workers",
+             "where device workers run: thread (in the engine process) or process (one "
+             "process per replica: a crash or hang stays there and is restarted)",
+             choices=("thread", "process")),
         Flag("--shutdown-grace-s", "server.shutdown_grace_s",
              "on SIGTERM, how long in-flight requests get", float),
         Flag("--gil-switch-interval-us", "server.gil_switch_interval_us",

@@ -14,6 +14,7 @@ from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import TensorSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
+WORKER_HOSTS = ("thread", "process")
 PARTITIONS = ("optimal", "even")
 
 
@@ -73,6 +74,10 @@ class ServerConfig:
     metrics_port: serve Prometheus metrics at http://host:PORT/metrics (0 picks a free port);
         None serves none.
     shutdown_grace_s: on SIGTERM, how long in-flight requests get to finish.
+    frontends: gRPC front-end processes sharing the port (SO_REUSEPORT) around one engine
+        process that balances; 1 serves everything from one process.
+    workers: where device workers run: "thread" (threads of the engine process) or
+        "process" (one process per replica: a crash or hang there stays there).
     gil_switch_interval_s: Python's GIL switch interval. The default 5 ms lets the busy event
         loop hold the GIL for 5 ms while a worker thread waits to resume after each kernel; a
         short interval hands it over sooner.
@@ -98,6 +103,8 @@ class ServerConfig:
     allow_any_model_source: bool = False
     metrics_port: int | None = None
     shutdown_grace_s: float = 30.0
+    frontends: int = 1
+    workers: str = "thread"
     gil_switch_interval_s: float = 0.0002
     log_level: str = "INFO"
     log_format: str = "text"
@@ -113,6 +120,10 @@ class ServerConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"model names must be unique: {names}")
         object.__setattr__(self, "models", models)
+        if self.frontends < 1:
+            raise ValueError(f"frontends must be >= 1, not {self.frontends}")
+        if self.workers not in WORKER_HOSTS:
+            raise ValueError(f"workers must be one of {WORKER_HOSTS}, not {self.workers!r}")
 
     def model_configs(self) -> tuple[ModelConfig, ...]:
         """Every model, its balancer and pipeline resolved to the server's where unset."""

@@ -17,27 +17,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from evenflow.balancer import ModelBalancer, Worker
+from evenflow.balancer import ModelBalancer
 from evenflow.balancer.errors import ErrorCode, EvenflowError
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server import cpu_accounting
-from evenflow.server.config import DTYPES, ModelConfig, PipelineConfig, ServerConfig
-from evenflow.server.models.repository import load_definition
-from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.pipeline.worker import PipelineWorker
+from evenflow.server.config import ModelConfig, ServerConfig
 from evenflow.server.served import ModelTable, ServedModel
 from evenflow.server.workers.devices import DeviceSpec
-from evenflow.server.workers.torch_worker import SimWorker, TorchWorker
+from evenflow.server.workers.hosts import (
+    WorkerSpec,
+    build_workers,
+    device_groups,
+    load_spec_definition,
+)
 
 logger = logging.getLogger(__name__)
-
-# The names are stated once, in config (which must not import torch); each is a torch dtype.
-TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}
-
 
 class ModelState(enum.Enum):
     """Triton's RepositoryIndex states."""
@@ -61,32 +57,6 @@ class ModelControlError(EvenflowError):
     def __init__(self, message: str, code: ErrorCode) -> None:
         super().__init__(message)
         self.code = code
-
-
-def build_workers(name: str, definition: ModelDefinition, devices: list[DeviceSpec],
-                  dtype: torch.dtype, pipeline: PipelineConfig,
-                  cpu_threads: int) -> list[Worker]:
-    """One worker per device, or with ``pipeline.stages`` S > 1 one pipeline per S devices."""
-    stages = pipeline.stages
-    if stages > 1:
-        if len(devices) % stages:
-            raise ValueError(f"{len(devices)} devices cannot form pipelines of {stages} stages")
-        return [PipelineWorker(model_name=name, definition=definition,
-                               devices=devices[i:i + stages], cpu_threads=cpu_threads,
-                               dtype=dtype if devices[i].kind == "cuda" else torch.float32,
-                               partition=pipeline.partition,
-                               repartition=pipeline.repartition)
-                for i in range(0, len(devices), stages)]
-    workers: list[Worker] = []
-    for device in devices:
-        if device.kind == "sim":
-            workers.append(SimWorker(model_name=name, definition=definition, device=device,
-                                     cpu_threads=cpu_threads))
-        else:
-            workers.append(TorchWorker(model_name=name, definition=definition, device=device,
-                                       dtype=dtype if device.kind == "cuda" else torch.float32,
-                                       cpu_threads=cpu_threads))
-    return workers
 
 
 async def close_model(model: ServedModel, grace_s: float,
@@ -197,15 +167,15 @@ class ModelManager:
 
     async def _build(self, model: ModelConfig) -> ServedModel:
         config = self._config
-        definition = await asyncio.to_thread(load_definition, model.source, config.builtins)
-        if model.inputs is not None or model.outputs is not None:
-            definition = dataclasses.replace(definition,
-                                             inputs=model.inputs or definition.inputs,
-                                             outputs=model.outputs or definition.outputs)
         assert model.pipeline is not None and model.balancer is not None  # resolved
-        workers = await asyncio.to_thread(
-            build_workers, model.name, definition, self._devices, TORCH_DTYPES[config.dtype],
-            model.pipeline, config.cpu_threads)
+        specs = [WorkerSpec(model_name=model.name, source=model.source, devices=group,
+                            builtins=config.builtins, pipeline=model.pipeline,
+                            dtype=config.dtype, cpu_threads=config.cpu_threads,
+                            inputs=model.inputs, outputs=model.outputs,
+                            log_level=config.log_level, log_format=config.log_format)
+                 for group in device_groups(self._devices, model.pipeline.stages)]
+        definition = await asyncio.to_thread(load_spec_definition, specs[0])
+        workers = await build_workers(specs, definition, config.workers)
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
                                  on_health=self._on_health, ledger=self._ledger)
         if cpu_accounting.enabled():

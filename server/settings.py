@@ -31,7 +31,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evenflow.balancer import BalancerConfig, Policy
-from evenflow.server.config import DTYPES, PARTITIONS, ModelConfig, PipelineConfig, ServerConfig
+from evenflow.server.config import (
+    DTYPES,
+    PARTITIONS,
+    WORKER_HOSTS,
+    ModelConfig,
+    PipelineConfig,
+    ServerConfig,
+)
 from evenflow.server.datatypes import WIRE_TYPES
 from evenflow.server.models.builtin import ENCODER_SIZES
 from evenflow.server.models.exported import EXPORTED_SUFFIX
@@ -60,15 +67,7 @@ class ServerSection(_Section):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
     log_format: Literal["text", "json"] | None = None
     frontends: Positive | None = None
-    workers: Literal["thread"] | None = None
-
-    @field_validator("frontends")
-    @classmethod
-    def _one_frontend(cls, value: int | None) -> int | None:
-        if value is not None and value != 1:
-            raise ValueError("only 1: front-end processes are not built yet (the process-model "
-                             "issue); the single process serves the front-end itself")
-        return value
+    workers: Literal[WORKER_HOSTS] | None = None  # type: ignore[valid-type]
 
 
 class DevicesSection(_Section):
@@ -292,7 +291,8 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                    "shutdown_grace_s": config.shutdown_grace_s,
                    "gil_switch_interval_us": round(config.gil_switch_interval_s * 1e6, 3),
                    "metrics_port": config.metrics_port, "log_level": config.log_level,
-                   "log_format": config.log_format, "frontends": 1, "workers": "thread"},
+                   "log_format": config.log_format, "frontends": config.frontends,
+                   "workers": config.workers},
         "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype},
         "security": {"admin": config.admin,
                      "allow_any_model_source": config.allow_any_model_source,
@@ -370,6 +370,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
                max_tensor_elements=server.max_tensor_elements,
                shutdown_grace_s=server.shutdown_grace_s, metrics_port=server.metrics_port,
                log_level=server.log_level, log_format=server.log_format,
+               frontends=server.frontends, workers=server.workers,
                gil_switch_interval_s=server.gil_switch_interval_us / 1e6
                if server.gil_switch_interval_us is not None else None,
                cpu_threads=devices.cpu_threads, dtype=devices.dtype,

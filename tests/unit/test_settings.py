@@ -54,7 +54,8 @@ BAD_FILES = [
      "models.m.inputs.0.datatype = 'FLOAT'"),
     ("default level outside the levels", "[balancing]\npriority_levels = 2\n"
      "default_priority_level = 3\n", "balancing.default_priority_level = 3: must be one of"),
-    ("front-end processes", "[server]\nfrontends = 4\n", "server.frontends = 4: only 1"),
+    ("front-end processes", "[server]\nfrontends = 0\n", "server.frontends = 0"),
+    ("worker host", "[server]\nworkers = \"ray\"\n", "server.workers"),
     ("not TOML", "[server\nport = 1\n", "not TOML"),
 ]
 

@@ -1,0 +1,80 @@
+"""The messages between the engine and a worker process, over one ZeroMQ PAIR socket.
+
+Each message is a multipart: the first frame a msgspec/msgpack-encoded struct below, then one
+raw frame per array it describes (``ArrayMeta``). A batch crosses once: ``RunBatch`` carries
+every job's inputs (jobs x inputs, job-major), ``BatchDone`` every job's outputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from evenflow.server.ipc.arrays import ArrayMeta
+from evenflow.server.ipc.errors import WireError
+
+
+class Status(msgspec.Struct, array_like=True, frozen=True):
+    stages: list[dict[str, Any]] = []
+    num_repartitions: int = 0
+
+
+class Ready(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """The worker is built and takes batches."""
+
+    name: str
+    devices: list[str]
+    max_in_flight: int
+    status: Status
+
+
+class StartFailed(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    error: WireError
+
+
+class RunBatch(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    id: int
+    sizes: list[int]  # each job's samples
+    arrays: list[ArrayMeta]  # len(sizes) x inputs
+
+
+class BatchDone(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    id: int
+    timing_s: tuple[float, float, float]  # copy in, compute, copy out
+    cpu_s: tuple[float, float, float] | None
+    arrays: list[ArrayMeta]  # jobs x outputs
+    status: Status
+
+
+class BatchError(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    id: int
+    error: WireError
+
+
+class Control(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """``op``: "speed" (``value`` the new speed) or "fault" (``fault``, ``count``)."""
+
+    id: int
+    op: str
+    device: str
+    value: float = 0.0
+    fault: str = ""
+    count: int = 0
+
+
+class ControlDone(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    id: int
+    value: float = 0.0
+    error: WireError | None = None
+
+
+class Stop(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """Finish what runs, then exit."""
+
+
+ToWorker = RunBatch | Control | Stop
+FromWorker = Ready | StartFailed | BatchDone | BatchError | ControlDone
+
+encoder = msgspec.msgpack.Encoder()
+to_worker = msgspec.msgpack.Decoder(ToWorker)
+from_worker = msgspec.msgpack.Decoder(FromWorker)

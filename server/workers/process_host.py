@@ -1,0 +1,249 @@
+"""The ``process`` worker host: each replica's worker runs in a process of its own, driven over
+a ZeroMQ PAIR socket (``ipc.worker_messages``); to the balancer it is a Worker like any other.
+
+A batch crosses once each way: one multipart message with every job's input arrays as raw
+frames, one back with every output. The process is started with ``python -m`` (never forked
+from a process that has CUDA or gRPC state); it reads its ``WorkerSpec`` from stdin and treats
+stdin's end as the engine's death. It ignores SIGINT/SIGTERM: the engine decides when it stops.
+
+When the process dies (``kill -9``, a segfault) every batch it had fails with ``WorkerLost`` at
+once, and the replica re-runs them elsewhere and calls ``restart``; a hung process (the
+replica's watchdog) is killed by ``restart`` before the new one starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from evenflow.balancer.errors import BatchFailed, WorkerLost
+from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
+from evenflow.server.ipc import arrays
+from evenflow.server.ipc import worker_messages as msg
+from evenflow.server.ipc.errors import from_wire
+from evenflow.server.workers.hosts import WorkerSpec
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 300.0  # loading a model and initialising CUDA can take minutes
+_STOP_TIMEOUT_S = 10.0
+
+
+class ProcessWorker:
+    def __init__(self, spec: WorkerSpec) -> None:
+        self._spec = spec
+        self._spec_bytes = msgspec.msgpack.encode(spec)
+        self._name = spec.name
+        self._devices = tuple(d.name for d in spec.devices)
+        self._max_in_flight = len(spec.devices) + 1 if len(spec.devices) > 1 else 1
+        self._status = WorkerStatus()
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._process: asyncio.subprocess.Process | None = None
+        self._socket: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def devices(self) -> Sequence[str]:
+        return self._devices
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    @property
+    def pid(self) -> int | None:
+        """The worker process's id (None while none runs)."""
+        return self._process.pid if self._process is not None else None
+
+    def status(self) -> WorkerStatus:
+        return self._status
+
+    async def start(self) -> None:
+        """Start the process and wait until its worker is built; raises what building raised."""
+        address = f"ipc://@evenflow-{os.getpid()}-{uuid.uuid4().hex}"
+        socket = zmq.asyncio.Context.instance().socket(zmq.PAIR)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(address)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "evenflow.server.workers.worker_main", address,
+            stdin=asyncio.subprocess.PIPE)
+        assert process.stdin is not None
+        process.stdin.write(len(self._spec_bytes).to_bytes(4, "little") + self._spec_bytes)
+        self._process, self._socket = process, socket
+        try:
+            await process.stdin.drain()
+            ready = await self._wait_ready(process, socket)
+        except BaseException:
+            await self._kill()
+            raise
+        self._status = _status(ready.status)
+        self._tasks = [asyncio.create_task(self._read(socket), name=f"read:{self._name}"),
+                       asyncio.create_task(self._watch(process), name=f"watch:{self._name}")]
+        logger.info("worker %s: process %d ready", self._name, process.pid)
+
+    async def _wait_ready(self, process: asyncio.subprocess.Process,
+                          socket: zmq.asyncio.Socket) -> msg.Ready:
+        first = asyncio.ensure_future(socket.recv_multipart())
+        exited = asyncio.ensure_future(process.wait())
+        try:
+            done, _ = await asyncio.wait({first, exited}, timeout=_START_TIMEOUT_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in (first, exited):
+                waiting.cancel()
+        if first in done:
+            message = msg.from_worker.decode(first.result()[0])
+            if isinstance(message, msg.Ready):
+                return message
+            if isinstance(message, msg.StartFailed):
+                raise from_wire(message.error)
+            raise WorkerLost(f"worker {self._name}: unexpected first message {message!r}")
+        if exited in done:
+            raise WorkerLost(f"worker {self._name}: its process exited with code "
+                             f"{process.returncode} while starting")
+        raise WorkerLost(f"worker {self._name}: not ready within {_START_TIMEOUT_S:.0f} s")
+
+    async def run(self, jobs: Sequence[Job]) -> BatchResult:
+        if self._closed:
+            raise BatchFailed(f"worker {self._name} is closed")
+        socket = self._socket
+        if socket is None or self._process is None or self._process.returncode is not None:
+            raise WorkerLost(f"worker {self._name}: its process is not running")
+        metas: list[arrays.ArrayMeta] = []
+        frames: list[object] = []
+        for job in jobs:
+            arrays.pack(job.payload, metas, frames)
+        batch_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[batch_id] = future
+        header = msg.encoder.encode(msg.RunBatch(batch_id, [j.num_samples for j in jobs], metas))
+        try:
+            await socket.send_multipart([header, *frames], copy=False)
+            done, outputs = await future
+        finally:
+            self._pending.pop(batch_id, None)
+        return _result(done, len(jobs), outputs)
+
+    async def _control(self, request: msg.Control) -> msg.ControlDone:
+        socket = self._socket
+        if socket is None:
+            raise WorkerLost(f"worker {self._name}: its process is not running")
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request.id] = future
+        try:
+            await socket.send_multipart([msg.encoder.encode(request)])
+            done, _ = await future
+        finally:
+            self._pending.pop(request.id, None)
+        if done.error is not None:
+            raise from_wire(done.error)
+        return done
+
+    async def set_device_speed(self, device: str, speed: float) -> float:
+        if device not in self._devices:
+            raise KeyError(device)
+        done = await self._control(msg.Control(next(self._ids), "speed", device, value=speed))
+        return done.value
+
+    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
+        if device not in self._devices:
+            raise KeyError(device)
+        await self._control(msg.Control(next(self._ids), "fault", device, fault=fault,
+                                        count=count))
+
+    async def _read(self, socket: zmq.asyncio.Socket) -> None:
+        while True:
+            parts = await socket.recv_multipart()
+            message = msg.from_worker.decode(parts[0])
+            if isinstance(message, msg.BatchDone):
+                self._status = _status(message.status)
+            future = self._pending.get(getattr(message, "id", -1))
+            if future is None or future.done():
+                continue  # its batch was given up (watchdog, process death)
+            if isinstance(message, msg.BatchError):
+                future.set_exception(from_wire(message.error))
+            else:
+                future.set_result((message, parts[1:]))
+
+    async def _watch(self, process: asyncio.subprocess.Process) -> None:
+        code = await process.wait()
+        if not self._closed:
+            logger.error("worker %s: process %d exited with code %s", self._name, process.pid,
+                         code)
+        self._fail_pending(WorkerLost(f"worker {self._name}: its process exited "
+                                      f"(code {code})"))
+
+    def _fail_pending(self, error: Exception) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+    async def restart(self) -> None:
+        """Kill the process (dead already, or hung past the watchdog) and start a new one."""
+        if self._closed:
+            raise BatchFailed(f"worker {self._name} is closed")
+        await self._kill()
+        await self.start()
+
+    async def close(self) -> None:
+        """Let the process finish what it runs and exit (killed after a bound). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        process, socket = self._process, self._socket
+        if process is not None and socket is not None and process.returncode is None:
+            with contextlib.suppress(zmq.ZMQError):
+                await socket.send_multipart([msg.encoder.encode(msg.Stop())])
+            try:
+                await asyncio.wait_for(process.wait(), _STOP_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("worker %s: process %d did not stop within %.0f s; killing it",
+                               self._name, process.pid, _STOP_TIMEOUT_S)
+        await self._kill()
+
+    async def _kill(self) -> None:
+        """Kill the process if it runs, reap it, and close its socket and tasks."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        process, self._process = self._process, None
+        if process is not None:
+            if process.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+            await process.wait()
+        self._fail_pending(WorkerLost(f"worker {self._name}: its process was stopped"))
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+
+
+def _status(status: msg.Status) -> WorkerStatus:
+    return WorkerStatus(tuple(status.stages), status.num_repartitions)
+
+
+def _result(done: msg.BatchDone, num_jobs: int, frames: list[bytes]) -> BatchResult:
+    outputs = arrays.unpack(done.arrays, frames)
+    per_job = len(outputs) // num_jobs
+    return BatchResult([outputs[i * per_job:(i + 1) * per_job] for i in range(num_jobs)],
+                       BatchTiming(*done.timing_s),
+                       BatchTiming(*done.cpu_s) if done.cpu_s is not None else None)

@@ -1,0 +1,175 @@
+"""A worker process: ``python -m evenflow.server.workers.worker_main ADDRESS``, started by
+``process_host.ProcessWorker``. Reads its WorkerSpec (4-byte length, then msgpack) from stdin,
+builds the replica's worker on its own threads exactly as the thread host would, then serves
+batches and controls from the engine's socket until told to stop or stdin ends (the engine is
+gone)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from evenflow.balancer import Job, Worker
+from evenflow.server.ipc import arrays
+from evenflow.server.ipc import worker_messages as msg
+from evenflow.server.ipc.errors import to_wire
+from evenflow.server.logs import configure_logging
+from evenflow.server.workers.hosts import WorkerSpec, build_thread_worker, load_spec_definition
+
+logger = logging.getLogger(__name__)
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise EOFError("the engine closed the worker's stdin before sending its spec")
+        data += chunk
+    return data
+
+
+def _status(worker: Worker) -> msg.Status:
+    status = worker.status()
+    return msg.Status([dict(stage) for stage in status.stages], status.num_repartitions)
+
+
+class _Server:
+    def __init__(self, worker: Worker, socket: zmq.asyncio.Socket) -> None:
+        self._worker = worker
+        self._socket = socket
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def serve(self, engine_gone: asyncio.Event) -> None:
+        receiving = asyncio.create_task(self._receive())
+        gone = asyncio.create_task(engine_gone.wait())
+        try:
+            await asyncio.wait({receiving, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (receiving, gone):
+                task.cancel()
+            await asyncio.gather(receiving, gone, return_exceptions=True)
+            if engine_gone.is_set():
+                logger.warning("worker %s: the engine is gone; exiting", self._worker.name)
+                for task in self._tasks:
+                    task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _receive(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            parts = await self._socket.recv_multipart()
+            message = msg.to_worker.decode(parts[0])
+            if isinstance(message, msg.Stop):
+                return
+            work = (self._run(message, parts[1:], loop) if isinstance(message, msg.RunBatch)
+                    else self._control(message))
+            task = asyncio.create_task(work)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: msg.RunBatch, frames: list[bytes],
+                   loop: asyncio.AbstractEventLoop) -> None:
+        inputs = arrays.unpack(batch.arrays, frames)
+        per_job = len(inputs) // max(1, len(batch.sizes))
+        jobs = [Job(inputs[i * per_job:(i + 1) * per_job], size, 0.0, math.inf,
+                    loop.create_future()) for i, size in enumerate(batch.sizes)]
+        try:
+            result = await self._worker.run(jobs)
+        except Exception as exc:
+            await self._socket.send_multipart([msg.encoder.encode(
+                msg.BatchError(batch.id, to_wire(exc)))])
+            return
+        metas: list[arrays.ArrayMeta] = []
+        out_frames: list[object] = []
+        for outputs in result.outputs:
+            arrays.pack(outputs, metas, out_frames)
+        timing, cpu = result.timing, result.cpu
+        header = msg.encoder.encode(msg.BatchDone(
+            batch.id, (timing.copy_in_s, timing.compute_s, timing.copy_out_s),
+            (cpu.copy_in_s, cpu.compute_s, cpu.copy_out_s) if cpu is not None else None,
+            metas, _status(self._worker)))
+        await self._socket.send_multipart([header, *out_frames], copy=False)
+
+    async def _control(self, control: msg.Control) -> None:
+        done: msg.ControlDone
+        try:
+            if control.op == "speed":
+                value = await self._worker.set_device_speed(control.device, control.value)
+                done = msg.ControlDone(control.id, value)
+            elif control.op == "fault":
+                await self._worker.set_device_fault(control.device, control.fault, control.count)
+                done = msg.ControlDone(control.id)
+            else:
+                raise ValueError(f"unknown control {control.op!r}")
+        except Exception as exc:
+            done = msg.ControlDone(control.id, error=to_wire(exc))
+        await self._socket.send_multipart([msg.encoder.encode(done)])
+
+
+async def _main(spec: WorkerSpec, address: str) -> None:
+    socket = zmq.asyncio.Context.instance().socket(zmq.PAIR)
+    socket.setsockopt(zmq.LINGER, 1000)
+    socket.connect(address)
+    loop = asyncio.get_running_loop()
+    engine_gone = asyncio.Event()
+
+    def on_stdin() -> None:
+        with contextlib.suppress(OSError):
+            if os.read(0, 4096):
+                return
+        loop.remove_reader(0)
+        engine_gone.set()
+
+    loop.add_reader(0, on_stdin)
+    started_s = time.perf_counter()
+    try:
+        worker = await asyncio.to_thread(
+            lambda: build_thread_worker(spec, load_spec_definition(spec)))
+    except Exception as exc:
+        logger.exception("worker %s: could not start", spec.name)
+        await socket.send_multipart([msg.encoder.encode(msg.StartFailed(to_wire(exc)))])
+        socket.close()
+        return
+    try:
+        await socket.send_multipart([msg.encoder.encode(msg.Ready(
+            worker.name, list(worker.devices), worker.max_in_flight, _status(worker)))])
+        logger.info("worker %s: process %d ready in %.1f s", worker.name, os.getpid(),
+                    time.perf_counter() - started_s)
+        await _Server(worker, socket).serve(engine_gone)
+    finally:
+        await worker.close()
+        socket.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    # The engine decides when this process stops (Ctrl-C reaches the whole process group).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    size = int.from_bytes(_read_exactly(0, 4), "little")
+    spec = msgspec.msgpack.decode(_read_exactly(0, size), type=WorkerSpec)
+    configure_logging(spec.log_level, spec.log_format)
+    run: Any
+    try:
+        import uvloop
+
+        run = uvloop.run
+    except ImportError:
+        run = asyncio.run
+    run(_main(spec, args[0]))
+
+
+if __name__ == "__main__":
+    main()
