@@ -18,7 +18,8 @@ from grpc_reflection.v1alpha import reflection
 
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
 from evenflow.server.config import ServerConfig
-from evenflow.server.frontend import InferenceServicer, add_inference_service
+from evenflow.server.edge import add_inference_service
+from evenflow.server.frontend import InferenceServicer
 from evenflow.server.metrics import collect
 from evenflow.server.metrics_http import MetricsEndpoint
 from evenflow.server.model_control import ModelManager

@@ -1,22 +1,13 @@
-"""The KServe v2 gRPC servicer: converts protos at the edge and delegates to the balancers."""
+"""The KServe v2 gRPC servicer of the process that holds the models: the edge's inference
+calls plus model metadata, configuration, statistics and model control."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-import math
-import time
-from collections import Counter
-from collections.abc import AsyncIterator
-
 import grpc
 
-from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest, ShuttingDown
+from evenflow.balancer import EvenflowError
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server import codec, cpu_accounting, shapes
-from evenflow.server.decoding import Undecodable, tolerant_deserializer
+from evenflow.server.edge import STATUS_OF, EdgeServicer
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
 from evenflow.server.model_control import (
     ModelManager,
@@ -25,166 +16,22 @@ from evenflow.server.model_control import (
 )
 from evenflow.server.served import MODEL_VERSION, ModelTable, ServedModel
 
-logger = logging.getLogger(__name__)
 
-STATUS_OF: dict[ErrorCode, grpc.StatusCode] = {
-    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
-}
-
-# Only what is implemented: statistics makes perf_analyzer read the server-side breakdown.
-EXTENSIONS = ("model_configuration", "model_repository", "statistics", "binary_tensor_data")
-_MAX_STREAM_IN_FLIGHT = 1024
-
-
-class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+class InferenceServicer(EdgeServicer):
     def __init__(self, *, models: ModelTable, manager: ModelManager, server_name: str,
                  server_version: str, max_tensor_elements: int) -> None:
-        self._models = models
-        self._max_elements = max_tensor_elements
+        super().__init__(models=models, server_name=server_name, server_version=server_version,
+                         max_tensor_elements=max_tensor_elements)
+        self._table = models
         self._manager = manager
-        # (model, status code) -> requests answered with that error; counted on failure only.
-        self.failures: Counter[tuple[str, str]] = Counter()
-        self._metadata = pb.ServerMetadataResponse(name=server_name, version=server_version,
-                                                   extensions=EXTENSIONS)
-        self.ready = False
-        self.draining = False  # shutting down: new inference calls hear UNAVAILABLE
-        self.last_refused_s = 0.0  # when draining last refused a call
-
-    async def _infer(self, request: pb.ModelInferRequest | Undecodable,
-                     deadline_s: float) -> pb.ModelInferResponse:
-        if self.draining:
-            self.last_refused_s = time.monotonic()
-            raise ShuttingDown("the server is shutting down; send to another replica")
-        if isinstance(request, Undecodable):
-            raise InvalidRequest(request.reason)
-        model = self._models.get(request.model_name, request.model_version)
-        specs = model.definition
-        priority = 0
-        if request.parameters:
-            priority, timeout_s = codec.read_parameters(request)
-            if timeout_s is not None:
-                deadline_s = min(deadline_s, time.monotonic() + timeout_s)
-        # With EVENFLOW_CPU_PARTS=1, this thread's CPU time in decode, routing and encode.
-        cpu = model.balancer.counters.cpu
-        clock = time.thread_time if cpu is not None else cpu_accounting.no_clock
-        started_s = clock()
-        arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
-        chosen = codec.requested_outputs(request, specs.outputs)
-        lengths = shape_key = None
-        if specs.variable_shapes:
-            if specs.padding is not None:
-                arrays, lengths = shapes.pad_inputs(arrays, specs.inputs, specs.padding)
-            shape_key = shapes.shape_key(arrays)
-        decoded_s = clock()
-        answer = model.balancer.submit(arrays, num_samples, deadline_s, priority,
-                                       shape_key=shape_key)
-        routed_s = clock()
-        outputs = await answer
-        if lengths:
-            outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
-        encoding_s = clock()
-        response = codec.encode_response(request, specs.outputs, chosen, outputs)
-        if cpu is not None:
-            cpu.add("decode", decoded_s - started_s)
-            cpu.add("route", routed_s - decoded_s)
-            cpu.add("encode", clock() - encoding_s)
-        return response
-
-    async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,
-                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
-        try:
-            return await self._infer(request, _deadline_s(context))
-        except EvenflowError as exc:
-            self._count_failure(request, exc)
-            await context.abort(STATUS_OF[exc.code], str(exc))
-            raise  # unreachable: abort raises
-        except Exception as exc:  # a server bug: INTERNAL, logged, and the server keeps serving
-            internal = _internal_error(request, exc)
-            self._count_failure(request, internal)
-            await context.abort(STATUS_OF[internal.code], str(internal))
-            raise  # unreachable: abort raises
-
-    async def ModelStreamInfer(self,
-                               request_iterator: AsyncIterator[pb.ModelInferRequest | Undecodable],
-                               context: grpc.aio.ServicerContext
-                               ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests are run concurrently; responses are written as they finish (match by id).
-        A failed request yields a response with ``error_message`` and the stream goes on."""
-        deadline_s = _deadline_s(context)
-        results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
-        tasks: set[asyncio.Task[None]] = set()
-
-        async def one(request: pb.ModelInferRequest | Undecodable) -> None:
-            try:
-                response = pb.ModelStreamInferResponse(
-                    infer_response=await self._infer(request, deadline_s))
-            except Exception as error:  # a server bug becomes INTERNAL: never an unanswered id
-                exc = error if isinstance(error, EvenflowError) else _internal_error(request,
-                                                                                    error)
-                self._count_failure(request, exc)
-                response = pb.ModelStreamInferResponse(
-                    error_message=f"{exc.code.name}: {exc}",
-                    infer_response=pb.ModelInferResponse(model_name=request.model_name,
-                                                         id=request.id))
-            finally:
-                slots.release()
-            results.put_nowait(response)
-
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    await slots.acquire()
-                    task = asyncio.create_task(one(request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.gather(*tasks)
-            finally:
-                results.put_nowait(None)
-
-        reader = asyncio.create_task(read())
-        try:
-            while (item := await results.get()) is not None:
-                yield item
-            await reader
-        finally:
-            for task in (reader, *tasks):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(reader, *tasks, return_exceptions=True)
-
-    def _count_failure(self, request: pb.ModelInferRequest | Undecodable,
-                       exc: EvenflowError) -> None:
-        # Only served names become labels: a client must not grow the metrics without bound.
-        model = request.model_name if request.model_name in self._models else ""
-        self.failures[model, STATUS_OF[exc.code].name] += 1
-        _log_failure(request, exc)
-
-    async def ServerLive(self, request: pb.ServerLiveRequest,
-                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=True)
-
-    async def ServerReady(self, request: pb.ServerReadyRequest,
-                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest,
                          context: grpc.aio.ServicerContext) -> pb.ModelReadyResponse:
         try:
-            self._models.get(request.name, request.version)
+            self._table.get(request.name, request.version)
         except EvenflowError:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.ready)
-
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
-                             context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
-        return self._metadata
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
                             context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
@@ -201,7 +48,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if request.name:
             models = [await self._lookup(request.name, request.version, context)]
         else:
-            models = list(self._models)
+            models = list(self._table)
         return pb.ModelStatisticsResponse(model_stats=[model_statistics(m) for m in models])
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
@@ -242,64 +89,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _lookup(self, name: str, version: str,
                       context: grpc.aio.ServicerContext) -> ServedModel:
         try:
-            return self._models.get(name, version)
+            return self._table.get(name, version)
         except EvenflowError as exc:
             await context.abort(STATUS_OF[exc.code], str(exc))
             raise
 
 
-def add_inference_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    """The generated registration, with ModelInfer and ModelStreamInfer swapped for handlers
-    that use the tolerant deserializer (the generated code registers every method by path,
-    which takes precedence over any generic handler added next to it)."""
-    captured = _CapturedRegistration()
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, captured)
-    parse = tolerant_deserializer(pb.ModelInferRequest)
-    handlers = dict(captured.handlers)
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse,
-        response_serializer=pb.ModelInferResponse.SerializeToString)
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        servicer.ModelStreamInfer, request_deserializer=parse,
-        response_serializer=pb.ModelStreamInferResponse.SerializeToString)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(captured.service, handlers),))
-    server.add_registered_method_handlers(captured.service, handlers)
-
-
-class _CapturedRegistration:
-    """Stands in for a server to read what the generated code registers."""
-
-    def __init__(self) -> None:
-        self.service = ""
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        pass  # the same methods come again through add_registered_method_handlers
-
-    def add_registered_method_handlers(self, service: str,
-                                       handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.service, self.handlers = service, handlers
-
-
-def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError) -> None:
-    """A failed request, with its id: a warning when the server failed it (INTERNAL), debug
-    when the request itself was at fault or refused (those can come by the thousand)."""
-    level = logging.WARNING if exc.code is ErrorCode.INTERNAL else logging.DEBUG
-    if logger.isEnabledFor(level):
-        logger.log(level, "request failed: %s", exc, extra={
-            "request_id": request.id, "model": request.model_name, "code": exc.code.name})
-
-
-def _internal_error(request: pb.ModelInferRequest | Undecodable,
-                    error: Exception) -> EvenflowError:
-    """What a request hears when the server itself fails on it (a bug): INTERNAL, with the
-    exception logged here with its traceback."""
-    logger.error("request %r to model %r failed inside the server", request.id,
-                 request.model_name, exc_info=error)
-    return EvenflowError(f"internal server error ({type(error).__name__}); see the server log")
-
-
-def _deadline_s(context: grpc.aio.ServicerContext) -> float:
-    remaining_s = context.time_remaining()
-    return math.inf if remaining_s is None else time.monotonic() + remaining_s

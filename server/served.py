@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import math
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from evenflow.balancer import ModelBalancer, ModelNotFound
+from evenflow.balancer.stats import CpuParts
 from evenflow.server.models.spec import ModelDefinition
 
 MODEL_VERSION = "1"
@@ -16,6 +20,14 @@ class ServedModel:
     name: str
     definition: ModelDefinition
     balancer: ModelBalancer
+
+    @property
+    def cpu_parts(self) -> CpuParts | None:
+        return self.balancer.counters.cpu
+
+    def submit(self, payload: Any, num_samples: int, deadline_s: float = math.inf,
+               priority: int = 0, shape_key: Hashable = None) -> asyncio.Future[Any]:
+        return self.balancer.submit(payload, num_samples, deadline_s, priority, shape_key)
 
 
 class ModelTable:

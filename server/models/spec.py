@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from evenflow.server.datatypes import WIRE_TYPES
+
+if TYPE_CHECKING:  # front-end processes read tensor specs and never import torch
+    import torch
 
 
 @dataclass(frozen=True, slots=True)

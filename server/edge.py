@@ -1,0 +1,276 @@
+"""The edge of the KServe v2 gRPC service: inference calls decoded and validated against the
+model's tensor specs, handed to the model, and answered. It runs where the gRPC port is: in the
+single server process, or in each front-end process (``--frontends N``), where the models it
+hands requests to are the engine's, reached over ZeroMQ. Imports neither torch nor the models."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from typing import Any, Protocol
+
+import grpc
+
+from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest, ShuttingDown
+from evenflow.balancer.stats import CpuParts
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from evenflow.server import codec, cpu_accounting, shapes
+from evenflow.server.decoding import Undecodable, tolerant_deserializer
+from evenflow.server.models.spec import Padding, TensorSpec
+
+logger = logging.getLogger(__name__)
+
+STATUS_OF: dict[ErrorCode, grpc.StatusCode] = {
+    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+
+# Only what is implemented: statistics makes perf_analyzer read the server-side breakdown.
+EXTENSIONS = ("model_configuration", "model_repository", "statistics", "binary_tensor_data")
+_MAX_STREAM_IN_FLIGHT = 1024
+
+
+class TensorSpecs(Protocol):
+    """What the edge needs of a model's definition."""
+
+    @property
+    def inputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def outputs(self) -> Sequence[TensorSpec]: ...
+
+    @property
+    def padding(self) -> Padding | None: ...
+
+    @property
+    def variable_shapes(self) -> bool: ...
+
+
+class InferTarget(Protocol):
+    """A model as the edge sees it: its tensor specs, and where its requests go."""
+
+    @property
+    def definition(self) -> TensorSpecs: ...
+
+    @property
+    def cpu_parts(self) -> CpuParts | None: ...
+
+    def submit(self, payload: Any, num_samples: int, deadline_s: float, priority: int,
+               shape_key: Hashable = None) -> Awaitable[Any]: ...
+
+
+class ModelDirectory(Protocol):
+    def get(self, name: str, version: str = "") -> InferTarget: ...
+
+    def __contains__(self, name: str) -> bool: ...
+
+
+class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """ModelInfer, ModelStreamInfer and the server-level calls. ``on_failure`` hears each failed
+    request's (model, status name) besides the local ``failures`` count."""
+
+    def __init__(self, *, models: ModelDirectory, server_name: str, server_version: str,
+                 max_tensor_elements: int,
+                 on_failure: Callable[[str, str], None] | None = None) -> None:
+        self._models = models
+        self._max_elements = max_tensor_elements
+        self._on_failure = on_failure
+        # (model, status code) -> requests answered with that error; counted on failure only.
+        self.failures: Counter[tuple[str, str]] = Counter()
+        self._metadata = pb.ServerMetadataResponse(name=server_name, version=server_version,
+                                                   extensions=EXTENSIONS)
+        self.ready = False
+        self.draining = False  # shutting down: new inference calls hear UNAVAILABLE
+        self.last_refused_s = 0.0  # when draining last refused a call
+
+    async def _infer(self, request: pb.ModelInferRequest | Undecodable,
+                     deadline_s: float) -> pb.ModelInferResponse:
+        if self.draining:
+            self.last_refused_s = time.monotonic()
+            raise ShuttingDown("the server is shutting down; send to another replica")
+        if isinstance(request, Undecodable):
+            raise InvalidRequest(request.reason)
+        model = self._models.get(request.model_name, request.model_version)
+        specs = model.definition
+        priority = 0
+        if request.parameters:
+            priority, timeout_s = codec.read_parameters(request)
+            if timeout_s is not None:
+                deadline_s = min(deadline_s, time.monotonic() + timeout_s)
+        # With EVENFLOW_CPU_PARTS=1, this thread's CPU time in decode, routing and encode.
+        cpu = model.cpu_parts
+        clock = time.thread_time if cpu is not None else cpu_accounting.no_clock
+        started_s = clock()
+        arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
+        chosen = codec.requested_outputs(request, specs.outputs)
+        lengths = shape_key = None
+        if specs.variable_shapes:
+            if specs.padding is not None:
+                arrays, lengths = shapes.pad_inputs(arrays, specs.inputs, specs.padding)
+            shape_key = shapes.shape_key(arrays)
+        decoded_s = clock()
+        answer = model.submit(arrays, num_samples, deadline_s, priority, shape_key=shape_key)
+        routed_s = clock()
+        outputs = await answer
+        if lengths:
+            outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
+        encoding_s = clock()
+        response = codec.encode_response(request, specs.outputs, chosen, outputs)
+        if cpu is not None:
+            cpu.add("decode", decoded_s - started_s)
+            cpu.add("route", routed_s - decoded_s)
+            cpu.add("encode", clock() - encoding_s)
+        return response
+
+    async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,
+                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        try:
+            return await self._infer(request, _deadline_s(context))
+        except EvenflowError as exc:
+            self._count_failure(request, exc)
+            await context.abort(STATUS_OF[exc.code], str(exc))
+            raise  # unreachable: abort raises
+        except Exception as exc:  # a server bug: INTERNAL, logged, and the server keeps serving
+            internal = _internal_error(request, exc)
+            self._count_failure(request, internal)
+            await context.abort(STATUS_OF[internal.code], str(internal))
+            raise  # unreachable: abort raises
+
+    async def ModelStreamInfer(self,
+                               request_iterator: AsyncIterator[pb.ModelInferRequest | Undecodable],
+                               context: grpc.aio.ServicerContext
+                               ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests are run concurrently; responses are written as they finish (match by id).
+        A failed request yields a response with ``error_message`` and the stream goes on."""
+        deadline_s = _deadline_s(context)
+        results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(request: pb.ModelInferRequest | Undecodable) -> None:
+            try:
+                response = pb.ModelStreamInferResponse(
+                    infer_response=await self._infer(request, deadline_s))
+            except Exception as error:  # a server bug becomes INTERNAL: never an unanswered id
+                exc = error if isinstance(error, EvenflowError) else _internal_error(request,
+                                                                                    error)
+                self._count_failure(request, exc)
+                response = pb.ModelStreamInferResponse(
+                    error_message=f"{exc.code.name}: {exc}",
+                    infer_response=pb.ModelInferResponse(model_name=request.model_name,
+                                                         id=request.id))
+            finally:
+                slots.release()
+            results.put_nowait(response)
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()
+                    task = asyncio.create_task(one(request))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*tasks)
+            finally:
+                results.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await results.get()) is not None:
+                yield item
+            await reader
+        finally:
+            for task in (reader, *tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+    def _count_failure(self, request: pb.ModelInferRequest | Undecodable,
+                       exc: EvenflowError) -> None:
+        # Only served names become labels: a client must not grow the metrics without bound.
+        model = request.model_name if request.model_name in self._models else ""
+        code = STATUS_OF[exc.code].name
+        self.failures[model, code] += 1
+        if self._on_failure is not None:
+            self._on_failure(model, code)
+        _log_failure(request, exc)
+
+    async def ServerLive(self, request: pb.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.ready)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
+        return self._metadata
+
+
+def add_inference_service(servicer: EdgeServicer, server: grpc.aio.Server) -> None:
+    """The generated registration, with ModelInfer and ModelStreamInfer swapped for handlers
+    that use the tolerant deserializer (the generated code registers every method by path,
+    which takes precedence over any generic handler added next to it)."""
+    captured = _CapturedRegistration()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, captured)
+    parse = tolerant_deserializer(pb.ModelInferRequest)
+    handlers = dict(captured.handlers)
+    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
+        servicer.ModelInfer, request_deserializer=parse,
+        response_serializer=pb.ModelInferResponse.SerializeToString)
+    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ModelStreamInfer, request_deserializer=parse,
+        response_serializer=pb.ModelStreamInferResponse.SerializeToString)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(captured.service, handlers),))
+    server.add_registered_method_handlers(captured.service, handlers)
+
+
+class _CapturedRegistration:
+    """Stands in for a server to read what the generated code registers."""
+
+    def __init__(self) -> None:
+        self.service = ""
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass  # the same methods come again through add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str,
+                                       handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.service, self.handlers = service, handlers
+
+
+def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError) -> None:
+    """A failed request, with its id: a warning when the server failed it (INTERNAL), debug
+    when the request itself was at fault or refused (those can come by the thousand)."""
+    level = logging.WARNING if exc.code is ErrorCode.INTERNAL else logging.DEBUG
+    if logger.isEnabledFor(level):
+        logger.log(level, "request failed: %s", exc, extra={
+            "request_id": request.id, "model": request.model_name, "code": exc.code.name})
+
+
+def _internal_error(request: pb.ModelInferRequest | Undecodable,
+                    error: Exception) -> EvenflowError:
+    """What a request hears when the server itself fails on it (a bug): INTERNAL, with the
+    exception logged here with its traceback."""
+    logger.error("request %r to model %r failed inside the server", request.id,
+                 request.model_name, exc_info=error)
+    return EvenflowError(f"internal server error ({type(error).__name__}); see the server log")
+
+
+def _deadline_s(context: grpc.aio.ServicerContext) -> float:
+    remaining_s = context.time_remaining()
+    return math.inf if remaining_s is None else time.monotonic() + remaining_s
