@@ -8,22 +8,30 @@ import gc
 import logging
 import signal
 import sys
-import time
+from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import grpc
 import torch
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
+from evenflow.proto import (
+    evenflow_pb2,
+    evenflow_pb2_grpc,
+    grpc_service_pb2,
+    grpc_service_pb2_grpc,
+)
 from evenflow.server.config import ServerConfig
-from evenflow.server.edge import add_inference_service
+from evenflow.server.edge import add_inference_service, refuse_until_quiet
 from evenflow.server.frontend import InferenceServicer
+from evenflow.server.frontend_pool import FrontendPool, FrontendSettings
 from evenflow.server.metrics import collect
 from evenflow.server.metrics_http import MetricsEndpoint
 from evenflow.server.model_control import ModelManager
 from evenflow.server.prometheus import CONTENT_TYPE, render
+from evenflow.server.proxied_calls import ProxiedCalls
 from evenflow.server.security import TlsFiles, TokenInterceptor, load_token
 from evenflow.server.served import ModelTable
 from evenflow.server.stats_service import AdminServicer, StatsServicer
@@ -40,6 +48,10 @@ _QUIET_S = 0.1
 _LINGER_MAX_S = 1.0
 
 _INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
+
+def _text(path: Path | None) -> str | None:
+    return str(path) if path is not None else None
 
 
 def _server_version() -> str:
@@ -64,6 +76,7 @@ class App:
         self._frontend: InferenceServicer | None = None
         self._nvml: NvmlSampler | None = None
         self._metrics: MetricsEndpoint | None = None
+        self._pool: FrontendPool | None = None  # --frontends N > 1
         self.metrics_port = 0
 
     async def start(self) -> int:
@@ -79,21 +92,42 @@ class App:
             if self._nvml is not None:
                 self._nvml.start()
 
-        options = [("grpc.max_receive_message_length", config.max_message_bytes),
-                   ("grpc.max_send_message_length", config.max_message_bytes),
-                   ("grpc.so_reuseport", 0)]
         token = load_token(config.auth_token_file)
-        interceptors = [TokenInterceptor(token, config.auth_groups)] if token else []
-        server = grpc.aio.server(options=options, interceptors=interceptors)
+        tls = self._tls()
         self._frontend = InferenceServicer(models=self.models, manager=self.manager,
                                            server_name="evenflow",
                                            server_version=_server_version(),
                                            max_tensor_elements=config.max_tensor_elements)
-        add_inference_service(self._frontend, server)
+        if config.frontends > 1:
+            self.port = await self._start_frontends()
+        else:
+            self.port = await self._start_grpc(token, tls)
+        if config.metrics_port is not None:
+            self._metrics = MetricsEndpoint(self._render_metrics, CONTENT_TYPE,
+                                            ssl_context=tls.ssl_context() if tls else None,
+                                            token=token)
+            self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
+        self._frontend.ready = True
+        for service in ("", _INFERENCE_SERVICE.full_name):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    def _stats_servicer(self) -> StatsServicer:
         nvml = self._nvml
-        evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server(
-            StatsServicer(models=self.models,
-                          gpu_samples=lambda: nvml.latest if nvml is not None else []), server)
+        return StatsServicer(models=self.models,
+                             gpu_samples=lambda: nvml.latest if nvml is not None else [])
+
+    async def _start_grpc(self, token: str | None, tls: TlsFiles | None) -> int:
+        """This process serves the port itself."""
+        config = self.config
+        assert self._frontend is not None
+        options = [("grpc.max_receive_message_length", config.max_message_bytes),
+                   ("grpc.max_send_message_length", config.max_message_bytes),
+                   ("grpc.so_reuseport", 0)]
+        interceptors = [TokenInterceptor(token, config.auth_groups)] if token else []
+        server = grpc.aio.server(options=options, interceptors=interceptors)
+        add_inference_service(self._frontend, server)
+        evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server(self._stats_servicer(), server)
         services = [_INFERENCE_SERVICE.full_name,
                     evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowStats"].full_name,
                     health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
@@ -105,23 +139,44 @@ class App:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(services, server)
         host = f"[{config.host}]" if ":" in config.host else config.host
-        tls = self._tls()
         address = f"{host}:{config.port}"
-        self.port = (server.add_secure_port(address, tls.server_credentials()) if tls
-                     else server.add_insecure_port(address))
-        if self.port == 0:
+        port = (server.add_secure_port(address, tls.server_credentials()) if tls
+                else server.add_insecure_port(address))
+        if port == 0:
             raise OSError(f"could not bind {host}:{config.port}")
         await server.start()
         self._server = server
-        if config.metrics_port is not None:
-            self._metrics = MetricsEndpoint(self._render_metrics, CONTENT_TYPE,
-                                            ssl_context=tls.ssl_context() if tls else None,
-                                            token=token)
-            self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
-        self._frontend.ready = True
-        for service in ("", _INFERENCE_SERVICE.full_name):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
-        return self.port
+        return port
+
+    async def _start_frontends(self) -> int:
+        """Front-end processes serve the port; this process (the engine) answers them."""
+        config = self.config
+        assert self._frontend is not None
+        calls = ProxiedCalls()
+        calls.add(grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
+                  self._frontend)
+        calls.add(evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server, self._stats_servicer())
+        if config.admin:
+            calls.add(evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server,
+                      AdminServicer(models=self.models))
+
+        def settings(index: int, engine_address: str, port: int) -> FrontendSettings:
+            return FrontendSettings(
+                index=index, engine_address=engine_address, host=config.host, port=port,
+                max_message_bytes=config.max_message_bytes,
+                max_tensor_elements=config.max_tensor_elements,
+                server_version=_server_version(), admin=config.admin,
+                tls_cert=_text(config.tls_cert), tls_key=_text(config.tls_key),
+                tls_client_ca=_text(config.tls_client_ca),
+                auth_token_file=_text(config.auth_token_file),
+                auth_groups=tuple(config.auth_groups), log_level=config.log_level,
+                log_format=config.log_format,
+                gil_switch_interval_s=config.gil_switch_interval_s)
+
+        self._pool = FrontendPool(count=config.frontends, settings=settings, models=self.models,
+                                  calls=calls, host=config.host, port=config.port)
+        self.models.on_change = self._pool.models_changed
+        return await self._pool.start()
 
     def _health_changed(self) -> None:
         """A replica left or rejoined routing: health is NOT_SERVING while some model has no
@@ -133,6 +188,8 @@ class App:
                   else health_pb2.HealthCheckResponse.NOT_SERVING)
         if serving != self._serving:
             self._serving = serving
+            if self._pool is not None:
+                self._pool.set_serving(serving)
             logger.warning("health: %s", "SERVING" if serving else "NOT_SERVING")
             task = asyncio.create_task(self._set_health(status))
             self._health_updates.add(task)
@@ -148,21 +205,18 @@ class App:
             return None
         return TlsFiles(config.tls_cert, config.tls_key, config.tls_client_ca)
 
-    @staticmethod
-    async def _refuse_until_quiet(frontend: InferenceServicer) -> None:
-        """Keep answering new calls UNAVAILABLE until none came for a moment (bounded): calls
-        racing the closing port would otherwise be cancelled by gRPC rather than refused."""
-        deadline_s = time.monotonic() + _LINGER_MAX_S
-        while True:
-            now_s = time.monotonic()
-            quiet_s = now_s - frontend.last_refused_s
-            if quiet_s >= _QUIET_S or now_s >= deadline_s:
-                return
-            await asyncio.sleep(min(_QUIET_S - quiet_s, deadline_s - now_s))
+    @property
+    def frontend_pids(self) -> list[int]:
+        """The front-end processes' ids (none when this process serves the port)."""
+        return self._pool.pids if self._pool is not None else []
 
     def _render_metrics(self) -> bytes:
         nvml = self._nvml
-        failures = self._frontend.failures if self._frontend is not None else {}
+        failures: Counter[tuple[str, str]] = Counter()
+        if self._frontend is not None:
+            failures.update(self._frontend.failures)
+        if self._pool is not None:
+            failures.update(self._pool.failures)
         return render(collect(self.models, nvml.latest if nvml is not None else (), failures))
 
     async def stop(self, grace_s: float | None = None,
@@ -176,11 +230,16 @@ class App:
             self._frontend.draining = True
         await asyncio.gather(*self._health_updates)
         await self._health.enter_graceful_shutdown()
+        if self._pool is not None:
+            await self._pool.drain()
         if self.manager is not None:
             await self.manager.close(grace_s, abort)
             self.manager = None
+        if self._pool is not None:  # every admitted call has its answer; front-ends exit
+            await self._pool.stop()
+            self._pool = None
         if self._frontend is not None:
-            await self._refuse_until_quiet(self._frontend)
+            await refuse_until_quiet(self._frontend, _QUIET_S, _LINGER_MAX_S)
         if self._server is not None:  # every admitted call has its answer; now close the port
             await self._server.stop(_ANSWER_S)
             self._server = None

@@ -16,7 +16,13 @@ from typing import Any, Protocol
 
 import grpc
 
-from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest, ShuttingDown
+from evenflow.balancer import (
+    ErrorCode,
+    EvenflowError,
+    InvalidRequest,
+    ModelNotFound,
+    ShuttingDown,
+)
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
@@ -100,7 +106,10 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
             raise ShuttingDown("the server is shutting down; send to another replica")
         if isinstance(request, Undecodable):
             raise InvalidRequest(request.reason)
-        model = self._models.get(request.model_name, request.model_version)
+        try:
+            model = self._models.get(request.model_name, request.model_version)
+        except ModelNotFound:
+            model = await self._missing_model(request.model_name, request.model_version)
         specs = model.definition
         priority = 0
         if request.parameters:
@@ -131,6 +140,11 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
             cpu.add("route", routed_s - decoded_s)
             cpu.add("encode", clock() - encoding_s)
         return response
+
+    async def _missing_model(self, name: str, version: str) -> InferTarget:
+        """A request named a model this directory does not hold: where the directory is a
+        copy (a front-end's), refresh it and look again; here, NOT_FOUND."""
+        return self._models.get(name, version)
 
     async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
@@ -219,14 +233,24 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         return self._metadata
 
 
-def add_inference_service(servicer: EdgeServicer, server: grpc.aio.Server) -> None:
+# What a front-end process answers itself; it forwards every other call to the engine.
+LOCAL_METHODS = ("ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ServerMetadata")
+
+
+def add_inference_service(servicer: EdgeServicer, server: grpc.aio.Server,
+                          forward: Callable[[str], grpc.RpcMethodHandler] | None = None) -> None:
     """The generated registration, with ModelInfer and ModelStreamInfer swapped for handlers
     that use the tolerant deserializer (the generated code registers every method by path,
-    which takes precedence over any generic handler added next to it)."""
+    which takes precedence over any generic handler added next to it). With ``forward``,
+    every method but ``LOCAL_METHODS`` is served by ``forward(method path)`` instead."""
     captured = _CapturedRegistration()
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, captured)
     parse = tolerant_deserializer(pb.ModelInferRequest)
     handlers = dict(captured.handlers)
+    if forward is not None:
+        for method in handlers:
+            if method not in LOCAL_METHODS:
+                handlers[method] = forward(f"/{captured.service}/{method}")
     handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
         servicer.ModelInfer, request_deserializer=parse,
         response_serializer=pb.ModelInferResponse.SerializeToString)
@@ -236,6 +260,32 @@ def add_inference_service(servicer: EdgeServicer, server: grpc.aio.Server) -> No
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(captured.service, handlers),))
     server.add_registered_method_handlers(captured.service, handlers)
+
+
+def forward_service(register: Callable[[Any, Any], None], servicer: object,
+                    server: grpc.aio.Server,
+                    forward: Callable[[str], grpc.RpcMethodHandler]) -> None:
+    """Register every method of a generated service as ``forward(method path)``."""
+    captured = _CapturedRegistration()
+    register(servicer, captured)
+    handlers = {method: forward(f"/{captured.service}/{method}") for method in captured.handlers}
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(captured.service, handlers),))
+    server.add_registered_method_handlers(captured.service, handlers)
+
+
+async def refuse_until_quiet(servicer: EdgeServicer, quiet_s: float = 0.1,
+                             linger_max_s: float = 1.0) -> None:
+    """Keep answering new calls UNAVAILABLE until none came for ``quiet_s`` (at most
+    ``linger_max_s``): calls racing the closing port would otherwise be cancelled by gRPC
+    rather than refused."""
+    deadline_s = time.monotonic() + linger_max_s
+    while True:
+        now_s = time.monotonic()
+        waited_s = now_s - servicer.last_refused_s
+        if waited_s >= quiet_s or now_s >= deadline_s:
+            return
+        await asyncio.sleep(min(quiet_s - waited_s, deadline_s - now_s))
 
 
 class _CapturedRegistration:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from evenflow.balancer import ModelBalancer, ModelNotFound
 from evenflow.balancer.stats import CpuParts
 from evenflow.server.models.spec import ModelDefinition
 
 MODEL_VERSION = "1"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,12 +31,25 @@ class ServedModel:
         return self.balancer.submit(payload, num_samples, deadline_s, priority, shape_key)
 
 
+def find_model(models: Mapping[str, T], name: str, version: str) -> T:
+    """``models[name]``, or ModelNotFound naming what is served (every model has one
+    version, "1"; an empty version means it)."""
+    model = models.get(name)
+    if model is None:
+        raise ModelNotFound(f"unknown model {name[:64]!r}; serving {sorted(models)}")
+    if version and version != MODEL_VERSION:
+        raise ModelNotFound(f"model {name!r} has no version {version[:16]!r}; "
+                            f"versions: [{MODEL_VERSION!r}]")
+    return model
+
+
 class ModelTable:
     """Name -> served model, looked up once per request. Models come and go with model
     control; a request holds the ServedModel it looked up, so a swap never strands it."""
 
     def __init__(self, models: list[ServedModel] | None = None) -> None:
         self._models = {m.name: m for m in models or ()}
+        self.on_change: Callable[[], None] | None = None  # after each put and pop
 
     def __iter__(self) -> Iterator[ServedModel]:
         return iter(list(self._models.values()))
@@ -44,19 +58,18 @@ class ModelTable:
         return name in self._models
 
     def get(self, name: str, version: str = "") -> ServedModel:
-        model = self._models.get(name)
-        if model is None:
-            raise ModelNotFound(f"unknown model {name[:64]!r}; serving {sorted(self._models)}")
-        if version and version != MODEL_VERSION:
-            raise ModelNotFound(f"model {name!r} has no version {version[:16]!r}; "
-                                f"versions: [{MODEL_VERSION!r}]")
-        return model
+        return find_model(self._models, name, version)
 
     def put(self, model: ServedModel) -> ServedModel | None:
         """Serve ``model``; returns the one it replaces, if any."""
         previous = self._models.get(model.name)
         self._models[model.name] = model
+        if self.on_change is not None:
+            self.on_change()
         return previous
 
     def pop(self, name: str) -> ServedModel | None:
-        return self._models.pop(name, None)
+        model = self._models.pop(name, None)
+        if model is not None and self.on_change is not None:
+            self.on_change()
+        return model

@@ -1,0 +1,346 @@
+"""The engine's side of ``--frontends N``: it starts N front-end processes that share the gRPC
+port (SO_REUSEPORT, a listening socket each), answers their inference requests from the
+balancers, runs every other call they forward, tells them the models and the health, restarts
+one that dies, and drains and stops them on shutdown.
+
+One ZeroMQ ROUTER socket serves all front-ends; each front-end's DEALER names itself
+``fe<index>-<pid>``, so answers for a dead front-end's requests go nowhere (and its queued
+requests are cancelled), never to its replacement."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, cast
+
+import msgspec
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from evenflow.balancer import EvenflowError, InvalidRequest
+from evenflow.server import shapes
+from evenflow.server.datatypes import WIRE_TYPES
+from evenflow.server.ipc import arrays
+from evenflow.server.ipc import frontend_messages as msg
+from evenflow.server.ipc.errors import WireError, to_wire
+from evenflow.server.proxied_calls import ProxiedCalls
+from evenflow.server.served import ModelTable, ServedModel
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 60.0
+_STOP_TIMEOUT_S = 10.0
+_RESTART_DELAY_S = (0.1, 5.0)  # first and largest delay between restarts of a front-end
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSettings:
+    """What a front-end process needs (it travels msgpack-encoded on its stdin)."""
+
+    index: int
+    engine_address: str
+    host: str
+    port: int
+    max_message_bytes: int
+    max_tensor_elements: int
+    server_version: str
+    admin: bool = False
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    auth_token_file: str | None = None
+    auth_groups: tuple[str, ...] = ()
+    log_level: str = "INFO"
+    log_format: str = "text"
+    gil_switch_interval_s: float = 0.005
+
+
+@dataclass(slots=True)
+class _Frontend:
+    index: int
+    process: asyncio.subprocess.Process | None = None
+    identity: bytes = b""
+    hello: asyncio.Future[None] | None = None
+    restarts: int = 0
+    in_flight: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port) with SO_REUSEPORT and not listening: it holds the port
+    (the one chosen, when ``port`` is 0) for the front-ends, which bind it too, and takes no
+    connections itself."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    holder = socket.socket(family, socket.SOCK_STREAM)
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    holder.bind((host, port))
+    return holder
+
+
+class FrontendPool:
+    def __init__(self, *, count: int, settings: Callable[[int, str, int], FrontendSettings],
+                 models: ModelTable, calls: ProxiedCalls, host: str, port: int) -> None:
+        self._count = count
+        self._settings = settings
+        self._models = models
+        self._calls = calls
+        self._host, self._requested_port = host, port
+        self._frontends = [_Frontend(i) for i in range(count)]
+        self._by_identity: dict[bytes, _Frontend] = {}
+        self._socket: zmq.asyncio.Socket | None = None
+        self._address = f"ipc://@evenflow-engine-{os.getpid()}-{uuid.uuid4().hex}"
+        self._port_holder: socket.socket | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self._serving = True
+        self.port = 0
+        self.failures: Counter[tuple[str, str]] = Counter()  # failed in the front-ends
+
+    async def start(self) -> int:
+        self._port_holder = reserve_port(self._host, self._requested_port)
+        self.port = self._port_holder.getsockname()[1]
+        router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        router.setsockopt(zmq.SNDHWM, 0)
+        router.setsockopt(zmq.RCVHWM, 0)
+        router.bind(self._address)
+        self._socket = router
+        self._spawn_task(self._receive(router), "frontends:receive")
+        await asyncio.gather(*(self._launch(fe) for fe in self._frontends))
+        return self.port
+
+    def _spawn_task(self, coroutine: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _launch(self, frontend: _Frontend) -> None:
+        """Start the front-end's process and wait for its hello (it then serves the port)."""
+        settings = msgspec.msgpack.encode(self._settings(frontend.index, self._address,
+                                                         self.port))
+        frontend.hello = asyncio.get_running_loop().create_future()
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "evenflow.server.frontend_process",
+            stdin=asyncio.subprocess.PIPE)
+        assert process.stdin is not None
+        process.stdin.write(len(settings).to_bytes(4, "little") + settings)
+        frontend.process = process
+        await process.stdin.drain()
+        exited = asyncio.ensure_future(process.wait())
+        waits: set[asyncio.Future[Any]] = {frontend.hello, exited}
+        try:
+            done, _ = await asyncio.wait(waits, timeout=_START_TIMEOUT_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if frontend.hello not in done:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+            raise OSError(f"front-end {frontend.index} did not start (exit code "
+                          f"{process.returncode})")
+        self._spawn_task(self._watch(frontend, process), f"frontend:{frontend.index}")
+
+    async def _watch(self, frontend: _Frontend, process: asyncio.subprocess.Process) -> None:
+        """Restart the front-end when its process ends, unless the server is stopping."""
+        code = await process.wait()
+        self._forget(frontend)
+        if self._stopping:
+            return
+        delay_s = min(_RESTART_DELAY_S[1], _RESTART_DELAY_S[0] * 2 ** frontend.restarts)
+        logger.error("front-end %d (process %d) exited with code %s; restarting it in "
+                     "%.1f s", frontend.index, process.pid, code, delay_s)
+        frontend.restarts += 1
+        while not self._stopping:
+            await asyncio.sleep(delay_s)
+            try:
+                await self._launch(frontend)
+                logger.info("front-end %d restarted (process %d)", frontend.index,
+                            frontend.process.pid if frontend.process else -1)
+                return
+            except OSError as exc:
+                logger.error("%s; retrying", exc)
+                delay_s = min(_RESTART_DELAY_S[1], delay_s * 2)
+
+    def _forget(self, frontend: _Frontend) -> None:
+        """Its clients are gone with it: drop its requests that have not run."""
+        self._by_identity.pop(frontend.identity, None)
+        for future in frontend.in_flight.values():
+            future.cancel()
+        frontend.in_flight.clear()
+
+    @property
+    def pids(self) -> list[int]:
+        return [fe.process.pid for fe in self._frontends if fe.process is not None]
+
+    @property
+    def live(self) -> bool:
+        """Some front-end serves the port."""
+        return bool(self._by_identity)
+
+    # --- messages from the front-ends ---
+
+    async def _receive(self, router: zmq.asyncio.Socket) -> None:
+        while True:
+            identity, header, *frames = await router.recv_multipart()
+            try:
+                message = msg.to_engine.decode(header)
+            except msgspec.DecodeError:
+                logger.exception("undecodable message from front-end %r", identity)
+                continue
+            if isinstance(message, msg.Infer):
+                self._infer(identity, message, frames)
+            elif isinstance(message, msg.Cancel):
+                frontend = self._by_identity.get(identity)
+                future = frontend.in_flight.pop(message.id, None) if frontend else None
+                if future is not None:
+                    future.cancel()
+            elif isinstance(message, msg.Call):
+                self._spawn_task(self._call(identity, message, frames[0] if frames else b""),
+                                 "frontends:call")
+            elif isinstance(message, msg.Failed):
+                self.failures[message.model, message.code] += 1
+            elif isinstance(message, msg.Sync):
+                self._send(identity, self._models_message(message.id))
+            elif isinstance(message, msg.Hello):
+                self._hello(identity, message)
+
+    def _hello(self, identity: bytes, hello: msg.Hello) -> None:
+        frontend = self._frontends[hello.index]
+        frontend.identity = identity
+        self._by_identity[identity] = frontend
+        self._send(identity, self._models_message())
+        if frontend.hello is not None and not frontend.hello.done():
+            frontend.hello.set_result(None)
+
+    def _infer(self, identity: bytes, request: msg.Infer, frames: list[bytes]) -> None:
+        frontend = self._by_identity.get(identity)
+        if frontend is None:
+            return  # a front-end that is gone (or not yet said hello)
+        try:
+            model = self._models.get(request.model, request.version)
+            inputs = _checked_inputs(model, arrays.unpack(request.arrays, frames))
+            shape_key = shapes.shape_key(inputs) if model.definition.variable_shapes else None
+            future = model.submit(inputs, request.num_samples, request.deadline_s,
+                                  request.priority, shape_key)
+        except EvenflowError as exc:
+            self._send(identity, msg.Refused(request.id, to_wire(exc)))
+            return
+        frontend.in_flight[request.id] = future
+        future.add_done_callback(partial(self._answer, identity, frontend, request.id))
+
+    def _answer(self, identity: bytes, frontend: _Frontend, request_id: int,
+                future: asyncio.Future[Any]) -> None:
+        frontend.in_flight.pop(request_id, None)
+        if future.cancelled() or frontend.identity != identity:
+            return
+        error = future.exception()
+        if error is not None:
+            wire = to_wire(error) if isinstance(error, EvenflowError) else \
+                WireError("EvenflowError", f"internal server error ({type(error).__name__})")
+            self._send(identity, msg.Refused(request_id, wire))
+            return
+        metas: list[arrays.ArrayMeta] = []
+        frames: list[object] = []
+        arrays.pack(future.result(), metas, frames)
+        self._send(identity, msg.Answer(request_id, metas), frames)
+
+    async def _call(self, identity: bytes, call: msg.Call, request: bytes) -> None:
+        code, details, response = await self._calls.call(call.method, request, call.deadline_s)
+        self._send(identity, msg.Reply(call.id, code, details), [response])
+
+    def _send(self, identity: bytes, message: msgspec.Struct,
+              frames: list[object] | None = None) -> None:
+        if self._socket is None:
+            return
+        parts: list[object] = [identity, msg.encoder.encode(message)]
+        if frames:
+            parts.extend(frames)
+        sent = self._socket.send_multipart(parts, copy=False)
+        cast(asyncio.Future[Any], sent).add_done_callback(_log_send_error)
+
+    # --- what the engine tells them ---
+
+    def _models_message(self, sync_id: int = -1) -> msg.Models:
+        return msg.Models([_edge_model(m) for m in self._models], self._serving, sync_id)
+
+    def models_changed(self) -> None:
+        message = self._models_message()
+        for identity in list(self._by_identity):
+            self._send(identity, message)
+
+    def set_serving(self, serving: bool) -> None:
+        self._serving = serving
+        for identity in list(self._by_identity):
+            self._send(identity, msg.Health(serving))
+
+    async def drain(self) -> None:
+        """New inference calls are refused (UNAVAILABLE) and health is NOT_SERVING on every
+        front-end; what is in flight is still answered."""
+        self._stopping = True
+        for identity in list(self._by_identity):
+            self._send(identity, msg.Drain())
+
+    async def stop(self) -> None:
+        """Every admitted request has its answer: front-ends close the port and exit (killed
+        after a bound); then the engine's socket closes. Idempotent."""
+        self._stopping = True
+        for identity in list(self._by_identity):
+            self._send(identity, msg.Stop())
+        processes = [fe.process for fe in self._frontends if fe.process is not None]
+        for process in processes:
+            try:
+                await asyncio.wait_for(process.wait(), _STOP_TIMEOUT_S)
+            except TimeoutError:
+                logger.warning("front-end process %d did not stop; killing it", process.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for fe in self._frontends:
+            fe.process = None
+        if self._socket is not None:
+            self._socket.close(linger=0)
+            self._socket = None
+        if self._port_holder is not None:
+            self._port_holder.close()
+            self._port_holder = None
+
+
+def _edge_model(model: ServedModel) -> msg.EdgeModel:
+    definition = model.definition
+    return msg.EdgeModel(model.name, list(definition.inputs), list(definition.outputs),
+                         definition.padding)
+
+
+def _checked_inputs(model: ServedModel, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """The front-end validated these against the specs it knew; the model may have been
+    reloaded with others since: the datatypes and ranks must still match."""
+    specs = model.definition.inputs
+    if len(inputs) != len(specs):
+        raise InvalidRequest(f"model {model.name!r} now takes {len(specs)} inputs")
+    for array, spec in zip(inputs, specs, strict=True):
+        wire = WIRE_TYPES[spec.datatype].numpy_dtype
+        if array.dtype != wire or array.ndim != len(spec.shape) or any(
+                want not in (-1, got) for got, want in zip(array.shape[1:], spec.shape[1:],
+                                                           strict=True)):
+            raise InvalidRequest(f"input {spec.name!r} no longer matches model "
+                                 f"{model.name!r}: expected {spec.datatype} {list(spec.shape)}")
+    return inputs
+
+
+def _log_send_error(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        logger.error("could not send to a front-end: %s", sent.exception())

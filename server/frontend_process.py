@@ -1,0 +1,360 @@
+"""A front-end process (``--frontends N``): ``python -m evenflow.server.frontend_process``,
+started by the engine's FrontendPool, settings on stdin (4-byte length, then msgpack).
+
+It serves the gRPC port beside the other front-ends (SO_REUSEPORT, its own listening socket),
+decodes and validates inference requests against the model specs the engine sends, hands them
+to the engine over ZeroMQ (tensors as raw frames), and encodes the answers; every other call
+travels to the engine as bytes and back. It imports neither torch nor the models, and ignores
+SIGINT/SIGTERM: the engine drains and stops it, and it exits when the engine's end of its stdin
+closes (the engine died)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import itertools
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgspec
+import zmq
+import zmq.asyncio
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from evenflow.balancer import EvenflowError, ShuttingDown
+from evenflow.balancer.stats import CpuParts
+from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.server.edge import (
+    EdgeServicer,
+    InferTarget,
+    add_inference_service,
+    forward_service,
+    refuse_until_quiet,
+)
+from evenflow.server.frontend_pool import FrontendSettings
+from evenflow.server.ipc import arrays
+from evenflow.server.ipc import frontend_messages as msg
+from evenflow.server.ipc.errors import from_wire
+from evenflow.server.logs import configure_logging
+from evenflow.server.security import TlsFiles, TokenInterceptor, load_token
+from evenflow.server.served import find_model
+
+logger = logging.getLogger(__name__)
+
+_ANSWER_S = 5.0
+_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
+_SERVICES = (grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
+             evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowStats"].full_name,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
+
+
+class EngineLink:
+    """This front-end's DEALER socket to the engine: requests out, answers matched by id."""
+
+    def __init__(self, socket: zmq.asyncio.Socket) -> None:
+        self._socket = socket
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self.models: dict[str, RemoteModel] = {}
+        self.serving = False
+        self.synced = asyncio.Event()
+        self.on_health: Any = None
+        self.drain = asyncio.Event()
+        self.stop = asyncio.Event()
+
+    def send(self, message: msgspec.Struct, frames: list[object] | None = None) -> None:
+        parts: list[object] = [msg.encoder.encode(message)]
+        if frames:
+            parts.extend(frames)
+        self._socket.send_multipart(parts, copy=False)
+
+    def request(self) -> tuple[int, asyncio.Future[Any]]:
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        return request_id, future
+
+    def forget(self, request_id: int) -> None:
+        self._pending.pop(request_id, None)
+
+    async def call(self, method: str, request: bytes, deadline_s: float
+                   ) -> tuple[int, str, bytes]:
+        request_id, future = self.request()
+        try:
+            self.send(msg.Call(request_id, method, deadline_s), [request])
+            return await future  # type: ignore[no-any-return]
+        finally:
+            self.forget(request_id)
+
+    async def sync(self) -> None:
+        request_id, future = self.request()
+        try:
+            self.send(msg.Sync(request_id))
+            await future
+        finally:
+            self.forget(request_id)
+
+    def fail_all(self, error: Exception) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
+
+    async def receive(self) -> None:
+        while True:
+            header, *frames = await self._socket.recv_multipart()
+            message = msg.to_frontend.decode(header)
+            if isinstance(message, msg.Answer):
+                self._resolve(message.id, arrays.unpack(message.arrays, frames))
+            elif isinstance(message, msg.Refused):
+                future = self._pending.get(message.id)
+                if future is not None and not future.done():
+                    future.set_exception(from_wire(message.error))
+            elif isinstance(message, msg.Reply):
+                self._resolve(message.id, (message.code, message.details,
+                                           frames[0] if frames else b""))
+            elif isinstance(message, msg.Models):
+                self.models = {m.name: RemoteModel(m, self) for m in message.models}
+                self._health(message.serving)
+                self.synced.set()
+                self._resolve(message.id, None)
+            elif isinstance(message, msg.Health):
+                self._health(message.serving)
+            elif isinstance(message, msg.Drain):
+                self.drain.set()
+            elif isinstance(message, msg.Stop):
+                self.stop.set()
+
+    def _resolve(self, request_id: int, value: Any) -> None:
+        future = self._pending.get(request_id)
+        if future is not None and not future.done():
+            future.set_result(value)
+
+    def _health(self, serving: bool) -> None:
+        self.serving = serving
+        if self.on_health is not None:
+            self.on_health(serving)
+
+
+class RemoteModel:
+    """A model held by the engine, as the edge servicer sees it."""
+
+    cpu_parts: CpuParts | None = None
+
+    def __init__(self, definition: msg.EdgeModel, link: EngineLink) -> None:
+        self.definition = definition
+        self._link = link
+
+    async def submit(self, payload: Any, num_samples: int, deadline_s: float, priority: int,
+                     shape_key: Hashable = None) -> Any:
+        """The engine computes the shape key itself from the (padded) inputs."""
+        request_id, future = self._link.request()
+        metas: list[arrays.ArrayMeta] = []
+        frames: list[object] = []
+        arrays.pack(payload, metas, frames)
+        try:
+            self._link.send(msg.Infer(request_id, self.definition.name, "", num_samples,
+                                      deadline_s, priority, metas), frames)
+            return await future
+        except asyncio.CancelledError:
+            self._link.send(msg.Cancel(request_id))
+            raise
+        finally:
+            self._link.forget(request_id)
+
+
+class RemoteModels:
+    def __init__(self, link: EngineLink) -> None:
+        self._link = link
+
+    def get(self, name: str, version: str = "") -> InferTarget:
+        return find_model(self._link.models, name, version)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._link.models
+
+
+class FrontendServicer(EdgeServicer):
+    def __init__(self, *, link: EngineLink, identity: str, **kwargs: Any) -> None:
+        super().__init__(models=RemoteModels(link), **kwargs)
+        self._link = link
+        self._identity = identity
+
+    async def _missing_model(self, name: str, version: str) -> InferTarget:
+        await self._link.sync()  # loaded a moment ago, through another front-end?
+        return self._models.get(name, version)
+
+    async def ServerLive(self, request: pb.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
+        context.set_trailing_metadata((("evenflow-process", self._identity),))
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.ready and self._link.serving)
+
+
+def _forwarder(link: EngineLink) -> Any:
+    def forward(path: str) -> grpc.RpcMethodHandler:
+        async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            remaining_s = context.time_remaining()
+            deadline_s = math.inf if remaining_s is None else time.monotonic() + remaining_s
+            try:
+                code, details, response = await link.call(path, request, deadline_s)
+            except EvenflowError as exc:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+                raise  # unreachable: abort raises
+            if code:
+                await context.abort(_STATUS_BY_VALUE[code], details)
+            return response  # type: ignore[no-any-return]
+        return grpc.unary_unary_rpc_method_handler(handle)
+    return forward
+
+
+def _connect(settings: FrontendSettings) -> zmq.asyncio.Socket:
+    dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.ROUTING_ID, f"fe{settings.index}-{os.getpid()}".encode())
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.setsockopt(zmq.SNDHWM, 0)
+    dealer.setsockopt(zmq.RCVHWM, 0)
+    dealer.connect(settings.engine_address)
+    return dealer
+
+
+def _build_server(settings: FrontendSettings, edge: FrontendServicer, link: EngineLink,
+                  health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
+    options = [("grpc.max_receive_message_length", settings.max_message_bytes),
+               ("grpc.max_send_message_length", settings.max_message_bytes),
+               ("grpc.so_reuseport", 1)]
+    token = load_token(Path(settings.auth_token_file) if settings.auth_token_file else None)
+    interceptors = [TokenInterceptor(token, settings.auth_groups)] if token else []
+    server = grpc.aio.server(options=options, interceptors=interceptors)
+    forward = _forwarder(link)
+    add_inference_service(edge, server, forward)
+    forward_service(evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server,
+                    evenflow_pb2_grpc.EvenflowStatsServicer(), server, forward)
+    services = [*_SERVICES, reflection.SERVICE_NAME]
+    if settings.admin:
+        forward_service(evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server,
+                        evenflow_pb2_grpc.EvenflowAdminServicer(), server, forward)
+        services.append(evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowAdmin"].full_name)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(services, server)
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    address = f"{host}:{settings.port}"
+    tls = TlsFiles(Path(settings.tls_cert), Path(settings.tls_key),
+                   Path(settings.tls_client_ca) if settings.tls_client_ca else None) \
+        if settings.tls_cert and settings.tls_key else None
+    port = server.add_secure_port(address, tls.server_credentials()) if tls else \
+        server.add_insecure_port(address)
+    if port != settings.port:
+        raise OSError(f"front-end {settings.index} could not bind {address}")
+    return server
+
+
+def _watch_stdin(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+    """Set when stdin ends: the engine, which holds its other end, is gone."""
+    gone = asyncio.Event()
+
+    def on_stdin() -> None:
+        with contextlib.suppress(OSError):
+            if os.read(0, 4096):
+                return
+        loop.remove_reader(0)
+        gone.set()
+
+    loop.add_reader(0, on_stdin)
+    return gone
+
+
+async def _serve(settings: FrontendSettings) -> None:
+    identity = f"frontend {settings.index} pid {os.getpid()}"
+    engine_gone = _watch_stdin(asyncio.get_running_loop())
+    dealer = _connect(settings)
+    link = EngineLink(dealer)
+    receiver = asyncio.create_task(link.receive(), name="engine:receive")
+    edge = FrontendServicer(link=link, identity=identity, server_name="evenflow",
+                            server_version=settings.server_version,
+                            max_tensor_elements=settings.max_tensor_elements,
+                            on_failure=lambda model, code: link.send(msg.Failed(model, code)))
+    health_servicer = health.aio.HealthServicer()
+    health_updates: set[asyncio.Task[None]] = set()
+
+    def on_health(serving: bool) -> None:
+        if edge.draining:
+            return
+        status = health_pb2.HealthCheckResponse.SERVING if serving else \
+            health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", _SERVICES[0]):
+            task = asyncio.create_task(health_servicer.set(service, status))
+            health_updates.add(task)
+            task.add_done_callback(health_updates.discard)
+
+    link.on_health = on_health
+    server = _build_server(settings, edge, link, health_servicer)
+    await server.start()
+    link.send(msg.Hello(settings.index, os.getpid()))
+    await link.synced.wait()
+    edge.ready = True
+    gc.collect()
+    gc.freeze()
+
+    drain = asyncio.create_task(link.drain.wait())
+    stop = asyncio.create_task(link.stop.wait())
+    gone = asyncio.create_task(engine_gone.wait())
+    await asyncio.wait({drain, stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+    edge.ready, edge.draining = False, True  # new inference calls hear UNAVAILABLE
+    await health_servicer.enter_graceful_shutdown()
+    await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if gone.done():
+        logger.error("%s: the engine is gone; exiting", identity)
+        link.fail_all(ShuttingDown("the server's engine process is gone"))
+        await server.stop(0)
+    else:
+        await refuse_until_quiet(edge)
+        await server.stop(_ANSWER_S)
+    tasks = (drain, stop, gone, receiver, *health_updates)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    dealer.close(linger=0)
+
+
+def _read_exactly(size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            raise EOFError("stdin closed before the settings arrived")
+        data += chunk
+    return data
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    size = int.from_bytes(_read_exactly(4), "little")
+    settings = msgspec.msgpack.decode(_read_exactly(size), type=FrontendSettings)
+    configure_logging(settings.log_level, settings.log_format)
+    sys.setswitchinterval(settings.gil_switch_interval_s)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(_serve(settings))
+    else:
+        uvloop.run(_serve(settings))
+
+
+if __name__ == "__main__":
+    main()
