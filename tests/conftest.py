@@ -85,6 +85,36 @@ class FakeWorker(SingleDeviceWorker):
         self.closed = True
 
 
+# The process models the integration suite runs in (``server_mode``): CLI flags and the
+# matching ServerConfig fields.
+SERVER_MODES: dict[str, dict[str, object]] = {
+    "single": {},
+    "frontends": {"frontends": 2},
+    "process-workers": {"workers": "process"},
+    "frontends+process-workers": {"frontends": 2, "workers": "process"},
+}
+_mode = ["single"]
+
+
+def server_mode_settings() -> dict[str, object]:
+    """The ServerConfig fields of the mode the current test runs in."""
+    return dict(SERVER_MODES[_mode[0]])
+
+
+def server_mode_args() -> list[str]:
+    return [arg for key, value in server_mode_settings().items()
+            for arg in (f"--{key}", str(value))]
+
+
+@pytest.fixture(scope="module", params=list(SERVER_MODES))
+def server_mode(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the module's tests once per process model (opt in with
+    ``pytestmark = pytest.mark.usefixtures("server_mode")``)."""
+    _mode[0] = request.param
+    yield request.param
+    _mode[0] = "single"
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -120,7 +150,8 @@ def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -
         p for p in (str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")) if p))
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0", *args],
+        [sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0", *args,
+         *server_mode_args()],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()
     assert proc.stdout is not None

@@ -11,6 +11,7 @@ from evenflow.server.app import App
 from evenflow.server.config import ServerConfig
 from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import SimProfile
+from tests.conftest import server_mode_settings
 
 
 @contextlib.asynccontextmanager
@@ -26,7 +27,7 @@ async def running_app(models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),), *
         # refuse a burst that these tests need answered.
         balancer=balancer or BalancerConfig(max_wait_s=0.0, max_queue_delay_s=math.inf),
         builtins=BuiltinOptions(sim_profile=sim_profile or SimProfile()), admin=admin,
-        metrics_port=metrics_port)
+        metrics_port=metrics_port, **server_mode_settings())  # type: ignore[arg-type]
     app = App(config)
     port = await app.start()
     try:

@@ -13,7 +13,7 @@ from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 from evenflow.server.models.spec import SimProfile
 from tests.integration.inprocess import running_app
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("server_mode")]
 FAST = SimProfile(base_ms=1.0, per_sample_ms=0.1)
 
 
@@ -23,8 +23,10 @@ async def test_admin_sets_a_sim_device_speed_and_refuses_bad_requests() -> None:
         admin = ef_grpc.EvenflowAdminStub(channel)
         reply = await admin.SetDeviceSpeed(ef.SetDeviceSpeedRequest(device="sim1", speed=2))
         assert reply.previous_speed == 0.5
+        # Each device kept its own speed (asked through the same seam, whatever the host).
         replicas = app.models.get("sim").balancer.replicas  # type: ignore[union-attr]
-        assert [r.worker.speed for r in replicas] == [1.0, 2.0]  # type: ignore[attr-defined]
+        assert [await r.worker.set_device_speed(device, speed) for r, device, speed in
+                zip(replicas, ("sim0", "sim1"), (1.0, 2.0), strict=True)] == [1.0, 2.0]
         for request, code in (
                 (ef.SetDeviceSpeedRequest(device="sim9", speed=1), grpc.StatusCode.NOT_FOUND),
                 (ef.SetDeviceSpeedRequest(device="sim0", speed=0),

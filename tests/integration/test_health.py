@@ -14,7 +14,7 @@ from evenflow.balancer import BalancerConfig, WorkerLost
 from evenflow.client import AsyncClient, ServerUnavailableError
 from tests.integration.inprocess import running_app
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("server_mode")]
 SERVING, NOT_SERVING = (health_pb2.HealthCheckResponse.SERVING,
                         health_pb2.HealthCheckResponse.NOT_SERVING)
 

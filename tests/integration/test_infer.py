@@ -17,7 +17,7 @@ from evenflow.proto import model_config_pb2 as mc
 from evenflow.server.models.builtin import build_mlp
 from tests.integration.inprocess import running_app
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("server_mode")]
 
 
 def mlp_reference(x: np.ndarray) -> np.ndarray:

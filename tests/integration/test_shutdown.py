@@ -17,7 +17,7 @@ from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("server_mode")]
 
 X = np.ones((1, 256), np.float32)
 REQUEST = pb.ModelInferRequest(model_name="sim", inputs=[

@@ -20,11 +20,11 @@ from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 from tests.conftest import TESTS_DIR
 from tests.integration.test_infer import mlp_reference
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("server_mode")]
 
 
 @pytest.fixture(scope="module")
-def mlp_server(server_factory):  # type: ignore[no-untyped-def]
+def mlp_server(server_mode, server_factory):  # type: ignore[no-untyped-def]
     # Compatibility, not admission: no time bound that a loaded machine could trip.
     return server_factory("--model", "mlp", "--devices", "cpu", "--max-wait-ms", "0",
                           "--max-queue-delay-ms", "inf")
