@@ -19,7 +19,9 @@ async def running_app(models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),), *
                       devices: str = "cpu", balancer: BalancerConfig | None = None,
                       sim_profile: SimProfile | None = None, max_message_bytes: int = 1 << 22,
                       admin: bool = False,
-                      metrics_port: int | None = None) -> AsyncIterator[tuple[App, str]]:
+                      metrics_port: int | None = None,
+                      **process_model: object) -> AsyncIterator[tuple[App, str]]:
+    """``process_model`` (frontends, workers) overrides the test's server mode."""
     config = ServerConfig(
         host="127.0.0.1", port=0, models=models, devices=devices,
         max_message_bytes=max_message_bytes,
@@ -27,7 +29,8 @@ async def running_app(models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),), *
         # refuse a burst that these tests need answered.
         balancer=balancer or BalancerConfig(max_wait_s=0.0, max_queue_delay_s=math.inf),
         builtins=BuiltinOptions(sim_profile=sim_profile or SimProfile()), admin=admin,
-        metrics_port=metrics_port, **server_mode_settings())  # type: ignore[arg-type]
+        metrics_port=metrics_port,
+        **(server_mode_settings() | process_model))  # type: ignore[arg-type]
     app = App(config)
     port = await app.start()
     try:

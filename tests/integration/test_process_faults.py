@@ -1,0 +1,167 @@
+"""Faults stay local (``--workers process``, ``--frontends N``): a worker process killed or hung
+under load, a front-end process killed under load. Each test counts that every request sent
+got exactly one answer and that successes resume; load is paced by the requests themselves."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import grpc
+import numpy as np
+import pytest
+
+from evenflow.balancer import BalancerConfig
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from evenflow.server.app import App
+from evenflow.server.models.spec import SimProfile
+from evenflow.server.workers.process_host import ProcessWorker
+from tests.integration.inprocess import running_app
+
+pytestmark = pytest.mark.timeout(90)
+
+FAST = SimProfile(base_ms=2.0, per_sample_ms=0.0)
+_X = np.ones((1, 256), np.float32)
+
+
+def _request() -> pb.ModelInferRequest:
+    return pb.ModelInferRequest(
+        model_name="sim", inputs=[pb.ModelInferRequest.InferInputTensor(
+            name="x", datatype="FP32", shape=[1, 256])], raw_input_contents=[_X.tobytes()])
+
+
+class Load:
+    """``clients`` loops, each on its own connection, one request at a time until stopped;
+    every outcome is counted per client, and waiters are woken after each answer."""
+
+    def __init__(self, url: str, clients: int) -> None:
+        # A local subchannel pool per channel: separate TCP connections (and so, with
+        # --frontends, possibly different front-end processes).
+        self.channels = [grpc.aio.insecure_channel(url, options=[
+            ("grpc.use_local_subchannel_pool", 1)]) for _ in range(clients)]
+        self.ok: Counter[int] = Counter()
+        self.failed: Counter[int] = Counter()
+        self.sent: Counter[int] = Counter()
+        self._changed = asyncio.Condition()
+        self._stop = False
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Load:
+        self._tasks = [asyncio.create_task(self._loop(i)) for i in range(len(self.channels))]
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        self._stop = True
+        await asyncio.gather(*self._tasks)
+        for channel in self.channels:
+            await channel.close()
+
+    async def _loop(self, index: int) -> None:
+        stub = pb_grpc.GRPCInferenceServiceStub(self.channels[index])
+        while not self._stop:
+            self.sent[index] += 1
+            try:
+                await stub.ModelInfer(_request(), timeout=20, wait_for_ready=True)
+                self.ok[index] += 1
+            except grpc.aio.AioRpcError:
+                self.failed[index] += 1
+            async with self._changed:
+                self._changed.notify_all()
+
+    async def until(self, predicate: Callable[[], bool], timeout_s: float) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(predicate), timeout_s)
+
+    def answered(self) -> bool:
+        """Every request sent has exactly one answer (checked once the loops stopped)."""
+        return all(self.ok[i] + self.failed[i] == self.sent[i]
+                   for i in range(len(self.channels)))
+
+
+def _workers(app: App) -> list[ProcessWorker]:
+    replicas = app.models.get("sim").balancer.replicas  # type: ignore[union-attr]
+    return [r.worker for r in replicas]  # type: ignore[misc]
+
+
+async def test_a_killed_worker_process_loses_no_request_and_serves_again() -> None:
+    async with running_app((("sim", "sim"),), devices="sim:1,sim:1", sim_profile=FAST,
+                           workers="process", frontends=1) as (app, url):
+        replica = app.models.get("sim").balancer.replicas[0]  # type: ignore[union-attr]
+        worker = _workers(app)[0]
+        old_pid = worker.pid
+        assert old_pid is not None
+        async with Load(url, 8) as load:
+            await load.until(lambda: sum(load.ok.values()) >= 50, 20)
+            os.kill(old_pid, signal.SIGKILL)
+            killed_s = time.monotonic()
+            batches: list[int] = []
+
+            def back() -> bool:  # restarted, in routing, and running batches again
+                if not (replica.healthy and replica.restarts and worker.pid != old_pid):
+                    return False
+                batches.append(replica.stats.num_batches)
+                return batches[-1] > batches[0] + 3
+
+            await load.until(back, 20)
+            back_s = time.monotonic() - killed_s
+        assert load.answered()
+        assert sum(load.failed.values()) == 0, load.failed
+        assert back_s < 5.0, f"the worker served again {back_s:.1f} s after the kill"
+
+
+async def test_a_hung_worker_process_is_killed_by_the_watchdog_and_replaced() -> None:
+    config = BalancerConfig(max_wait_s=0.0, max_queue_delay_s=math.inf, watchdog_s=1.0)
+    async with running_app((("sim", "sim"),), devices="sim:1,sim:1", sim_profile=FAST,
+                           balancer=config, workers="process", frontends=1) as (app, url):
+        replica = app.models.get("sim").balancer.replicas[0]  # type: ignore[union-attr]
+        worker = _workers(app)[0]
+        old_pid = worker.pid
+        async with Load(url, 4) as load:
+            await load.until(lambda: sum(load.ok.values()) >= 20, 20)
+            await worker.set_device_fault("sim0", "hang", 1)
+            ok_before = replica.stats.num_batches
+            await load.until(lambda: replica.restarts >= 1 and replica.healthy
+                             and replica.stats.num_batches > ok_before + 3, 30)
+        assert worker.pid != old_pid  # the hung process was killed, not left behind
+        assert load.answered()
+        assert sum(load.failed.values()) == 0, load.failed
+
+
+async def _frontend_of(channel: grpc.aio.Channel) -> str:
+    call = pb_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest())
+    await call
+    metadata = dict(await call.trailing_metadata() or ())
+    return str(metadata["evenflow-process"])
+
+
+async def test_a_killed_frontend_fails_only_its_own_calls_and_is_restarted() -> None:
+    async with running_app((("sim", "sim"),), devices="sim:1,sim:1", sim_profile=FAST,
+                           frontends=2, workers="thread") as (app, url):
+        old_pids = set(app.frontend_pids)
+        async with Load(url, 12) as load:
+            await load.until(lambda: all(load.ok[i] >= 2 for i in range(12)), 20)
+            homes = [await _frontend_of(channel) for channel in load.channels]
+            if len(set(homes)) < 2:
+                pytest.skip(f"the kernel put all 12 connections on one front-end: {homes}")
+            victim = homes[0]
+            victim_pid = int(victim.rsplit(" ", 1)[1])
+            ok_at_kill = dict(load.ok)
+            os.kill(victim_pid, signal.SIGKILL)
+
+            def resumed() -> bool:  # a new front-end process, and every client served again
+                return len(set(app.frontend_pids) - old_pids) == 1 and \
+                    all(load.ok[i] >= ok_at_kill.get(i, 0) + 3 for i in range(12))
+
+            await load.until(resumed, 30)
+        assert load.answered()
+        for index, home in enumerate(homes):
+            if home == victim:
+                assert load.failed[index] <= 1, (index, load.failed)  # its call in flight
+            else:
+                assert load.failed[index] == 0, (index, home, load.failed)
