@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -106,8 +107,17 @@ class FrontendPool:
         self.failures: Counter[tuple[str, str]] = Counter()  # failed in the front-ends
 
     async def start(self) -> int:
+        """Hold the port, open the engine's socket, start every front-end; returns the port."""
         self._port_holder = reserve_port(self._host, self._requested_port)
         self.port = self._port_holder.getsockname()[1]
+        self.bind()
+        await asyncio.gather(*(self._launch(fe) for fe in self._frontends))
+        return self.port
+
+    def bind(self, address: str | None = None) -> str:
+        """Open the engine's socket (at ``address``, else a private one) and serve it; returns
+        the address. ``start`` calls it; a benchmark's stub front-ends connect to it alone."""
+        self._address = address or self._address
         router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
         router.setsockopt(zmq.SNDHWM, 0)
@@ -115,8 +125,7 @@ class FrontendPool:
         router.bind(self._address)
         self._socket = router
         self._spawn_task(self._receive(router), "frontends:receive")
-        await asyncio.gather(*(self._launch(fe) for fe in self._frontends))
-        return self.port
+        return self._address
 
     def _spawn_task(self, coroutine: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coroutine, name=name)
@@ -191,7 +200,9 @@ class FrontendPool:
     # --- messages from the front-ends ---
 
     async def _receive(self, router: zmq.asyncio.Socket) -> None:
-        while True:
+        for count in itertools.count(1):
+            if count % arrays.YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             identity, header, *frames = await router.recv_multipart()
             try:
                 message = msg.to_engine.decode(header)

@@ -112,7 +112,9 @@ class EngineLink:
         self._pending.clear()
 
     async def receive(self) -> None:
-        while True:
+        for count in itertools.count(1):
+            if count % arrays.YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             header, *frames = await self._socket.recv_multipart()
             message = msg.to_frontend.decode(header)
             if isinstance(message, msg.Answer):

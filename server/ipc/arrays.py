@@ -45,3 +45,8 @@ def unpack(metas: Sequence[ArrayMeta], frames: Sequence[bytes | memoryview]) -> 
         else:
             arrays.append(np.frombuffer(frame, dtype=np.dtype(meta.dtype)).reshape(meta.shape))
     return arrays
+
+
+# A ZeroMQ receive that finds a message waiting completes without giving the event loop a turn;
+# a reader that always finds one would starve every other task. Readers yield this often.
+YIELD_EVERY = 32

@@ -169,7 +169,9 @@ class ProcessWorker:
                                         count=count))
 
     async def _read(self, socket: zmq.asyncio.Socket) -> None:
-        while True:
+        for count in itertools.count(1):
+            if count % arrays.YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             parts = await socket.recv_multipart()
             message = msg.from_worker.decode(parts[0])
             if isinstance(message, msg.BatchDone):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import os
@@ -68,7 +69,9 @@ class _Server:
 
     async def _receive(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        for count in itertools.count(1):
+            if count % arrays.YIELD_EVERY == 0:
+                await asyncio.sleep(0)
             parts = await self._socket.recv_multipart()
             message = msg.to_worker.decode(parts[0])
             if isinstance(message, msg.Stop):
