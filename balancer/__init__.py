@@ -6,6 +6,7 @@ from evenflow.balancer.controller import BatchSizeController, best_batch_size
 from evenflow.balancer.errors import (
     BatchFailed,
     DeadlineExceeded,
+    DeviceNotFound,
     ErrorCode,
     EvenflowError,
     InvalidRequest,
@@ -30,7 +31,8 @@ from evenflow.balancer.stats import BalancerSnapshot, ReplicaSnapshot
 
 __all__ = [
     "BalancerConfig", "BalancerSnapshot", "BatchFailed", "BatchResult", "BatchSizeController",
-    "BatchTiming", "Clock", "DeadlineExceeded", "ErrorCode", "EvenflowError", "InvalidRequest",
+    "BatchTiming", "Clock", "DeadlineExceeded", "DeviceNotFound", "ErrorCode", "EvenflowError",
+    "InvalidRequest",
     "Job", "LatencyFit", "LatencyModel", "ModelBalancer", "ModelNotFound", "OutOfMemory",
     "Overloaded", "Policy", "ReplicaLoad", "ReplicaSnapshot", "ShuttingDown",
     "SingleDeviceWorker", "Worker", "WorkerLost", "WorkerStatus",

@@ -52,9 +52,11 @@ class BalancerConfig:
         late_binding: as a replica is about to start a batch, jobs in it that another replica
             is now predicted to finish sooner move there, once at most (``least-work`` only).
         prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
-        watchdog_s: a worker that has not finished a batch after this long (or ten times the
-            batch's predicted time, if longer) is lost: taken out of routing, its work re-run
-            once elsewhere, and restarted.
+        watchdog_s, watchdog_floor_s: a worker that has not finished a batch within ten times
+            the batch's predicted time (from the replica's own latency fit), and at least
+            ``watchdog_floor_s``, is lost: taken out of routing, its work re-run once elsewhere,
+            and restarted. Until the fit has measured a batch, the limit is ``watchdog_s``
+            (a cold start may load, compile or autotune).
         priority_levels: how many priority levels requests may ask for (Triton's convention:
             1 is the most urgent, ``priority_levels`` the least; a batch is filled from the most
             urgent level first).
@@ -73,6 +75,7 @@ class BalancerConfig:
     work_stealing: bool = True
     late_binding: bool = True
     watchdog_s: float = 30.0
+    watchdog_floor_s: float = 2.0
     prior_base_s: float = 0.002
     prior_per_sample_s: float = 0.0002
     priority_levels: int = 1
@@ -138,7 +141,8 @@ class ModelBalancer:
                                            prior_per_sample_s=config.prior_per_sample_s),
                     counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
                     find_work=steal, others_in_flight=self._others_in_flight,
-                    watchdog_s=config.watchdog_s, on_lost=self._reroute,
+                    watchdog_s=config.watchdog_s, watchdog_floor_s=config.watchdog_floor_s,
+                    on_lost=self._reroute,
                     on_health=self._health_changed, rebind=rebind)
             for worker in workers
         ]

@@ -3,6 +3,7 @@ gRPC status; nothing here knows about gRPC.
 
     EvenflowError                  base; ``code`` says what kind of failure it is
     ├── ModelNotFound              NOT_FOUND: no such model or version
+    ├── DeviceNotFound             NOT_FOUND: no such (simulated) device
     ├── InvalidRequest             INVALID_ARGUMENT: the request does not match the model
     ├── DeadlineExceeded           DEADLINE_EXCEEDED: the deadline passed before the work ran
     ├── Overloaded                 RESOURCE_EXHAUSTED: admission refused the request (queue full)
@@ -32,6 +33,10 @@ class EvenflowError(Exception):
 
 
 class ModelNotFound(EvenflowError):
+    code = ErrorCode.NOT_FOUND
+
+
+class DeviceNotFound(EvenflowError):
     code = ErrorCode.NOT_FOUND
 
 

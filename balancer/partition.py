@@ -106,3 +106,10 @@ def _plan(bounds: list[int], cost_prefix: list[float], memory_prefix: list[int],
     sizes = tuple(memory_prefix[e] - memory_prefix[b]
                   for b, e in itertools.pairwise(bounds))
     return StagePlan(tuple(bounds), costs, sizes)
+
+
+def plan_stages_cost(plan: StagePlan, layer_costs_s: Sequence[float],
+                     speeds: Sequence[float]) -> float:
+    """The bottleneck of an existing cut at other device speeds."""
+    return max(sum(layer_costs_s[j] for j in plan.layers(i)) / speeds[i]
+               for i in range(len(speeds)))

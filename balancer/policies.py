@@ -8,6 +8,7 @@ replicas pull from one queue.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import random
@@ -22,7 +23,7 @@ class Policy(enum.Enum):
     POW2 = "pow2"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReplicaLoad:
     """What a policy may know about one replica at one instant."""
 
@@ -109,9 +110,9 @@ def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Seq
     for samples in victim_tail_samples:
         if taken_samples + samples > room and (count or thief.queued_samples):
             break
-        here_s = ReplicaLoad(victim.running_remaining_s, victim.running_requests,
-                             victim_samples, 0, victim.base_s, victim.per_sample_s,
-                             victim.batch_size).work_s()
+        here_s = dataclasses.replace(victim, queued_samples=victim_samples, queued_requests=0,
+                                     arrival_rate_per_s=0.0, cold=False, shape_groups=1,
+                                     stale=False).work_s()
         there_s = thief.work_s(taken_samples + samples)
         if there_s >= here_s:
             break

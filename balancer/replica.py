@@ -53,8 +53,9 @@ class Replica:
     A batch that runs out of memory is split in half and retried, and the controller's cap drops;
     any other failure fails only that batch's jobs.
 
-    A worker that dies, or runs a batch past the watchdog (``watchdog_s`` or, for long batches,
-    ten times the predicted batch time), is lost: the replica leaves routing, hands the batch's
+    A worker that dies, or runs a batch past the watchdog (ten times its predicted time, at
+    least ``watchdog_floor_s``, or ``watchdog_s`` before the latency fit has measured a batch),
+    is lost: the replica leaves routing, hands the batch's
     jobs and its queue to ``on_lost`` (the balancer re-runs them elsewhere), and restarts the
     worker, backing off while restarts fail; then it is back in routing.
     """
@@ -66,6 +67,7 @@ class Replica:
                  idle_poll_s: float = 0.02,
                  others_in_flight: Callable[[Replica], bool] | None = None,
                  watchdog_s: float = math.inf,
+                 watchdog_floor_s: float = math.inf,
                  on_lost: Callable[[Replica, list[Job], list[Job]], None] | None = None,
                  on_health: Callable[[], None] | None = None,
                  rebind: Callable[[Replica, list[Job]], list[Job]] | None = None) -> None:
@@ -93,6 +95,7 @@ class Replica:
         self._rate_at_s = 0.0
         self._close_early = False
         self._watchdog_s = watchdog_s
+        self._watchdog_floor_s = min(watchdog_floor_s, watchdog_s)
         self._on_lost = on_lost
         self._on_health = on_health
         self.healthy = True
@@ -162,10 +165,13 @@ class Replica:
         remaining += shared_s
         stale = (not self._running_requests and not len(self.queue) and self.estimator.observed
                  and now_s - self._last_done_s > _STALE_S and not shared_s)
-        return ReplicaLoad(remaining, self._running_requests, self.queue.num_samples,
-                           len(self.queue), fit.base_s, fit.per_sample_s,
-                           self._next_batch_size(now_s, remaining), self._decayed_rate(now_s),
-                           not self.estimator.observed, self.queue.num_shape_groups, stale)
+        return ReplicaLoad(
+            running_remaining_s=remaining, running_requests=self._running_requests,
+            queued_samples=self.queue.num_samples, queued_requests=len(self.queue),
+            base_s=fit.base_s, per_sample_s=fit.per_sample_s,
+            batch_size=self._next_batch_size(now_s, remaining),
+            arrival_rate_per_s=self._decayed_rate(now_s), cold=not self.estimator.observed,
+            shape_groups=self.queue.num_shape_groups, stale=stale)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self.estimator.fit
@@ -294,7 +300,8 @@ class Replica:
             cpu.add("batch_out", result.cpu.copy_out_s)
 
     async def _run_watched(self, jobs: list[Job], num_samples: int) -> BatchResult:
-        timeout_s = max(self._watchdog_s, 10.0 * self.estimator.predict_s(num_samples))
+        floor_s = self._watchdog_floor_s if self.estimator.observed else self._watchdog_s
+        timeout_s = max(floor_s, 10.0 * self.estimator.predict_s(num_samples))
         if math.isinf(timeout_s):
             return await self.worker.run(jobs)
         try:

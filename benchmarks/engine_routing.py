@@ -87,7 +87,8 @@ async def _stub(address: str, engine_pid: int, seconds: float, window: int) -> R
     arrays.pack([np.ones((1, 256), np.float32)], metas, frames)
     payload = bytes(frames[0])  # type: ignore[call-overload]
     ids = 4 * window
-    headers = [msg.encoder.encode(msg.Infer(i, "m", "", 1, float("inf"), 0, metas))
+    headers = [msg.encoder.encode(msg.Infer(id=i, model="m", version="", num_samples=1,
+                                            deadline_s=float("inf"), priority=0, arrays=metas))
                for i in range(ids)]
     sent = answered = refused = 0
 

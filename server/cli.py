@@ -106,8 +106,12 @@ FLAGS: dict[str, list[Flag]] = {
              "least-work without moving a starting batch's jobs to a replica predicted to "
              "finish them sooner", const=False),
         Flag("--watchdog-s", "balancing.watchdog_s",
-             "a worker that has not finished a batch after this long (or 10x its predicted "
-             "time) is lost: out of routing, its work re-run elsewhere, restarted", float),
+             "before a replica's latency fit has measured a batch: a worker that has not "
+             "finished one after this long (or 10x its predicted time) is lost: out of "
+             "routing, its work re-run elsewhere, restarted", float),
+        Flag("--watchdog-floor-s", "balancing.watchdog_floor_s",
+             "once measured: the watchdog is 10x the batch's predicted time, at least this",
+             float),
         Flag("--priority-levels", "balancing.priority_levels",
              "priority levels requests may ask for (parameter 'priority', 1 most urgent)", int),
         Flag("--default-priority-level", "balancing.default_priority_level",

@@ -29,17 +29,9 @@ from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server import codec, cpu_accounting, shapes
 from evenflow.server.decoding import Undecodable, tolerant_deserializer
 from evenflow.server.models.spec import Padding, TensorSpec
+from evenflow.server.status import internal_error, status_of, stream_error_message
 
 logger = logging.getLogger(__name__)
-
-STATUS_OF: dict[ErrorCode, grpc.StatusCode] = {
-    ErrorCode.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-    ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-    ErrorCode.DEADLINE_EXCEEDED: grpc.StatusCode.DEADLINE_EXCEEDED,
-    ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-    ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL,
-}
 
 # Only what is implemented: statistics makes perf_analyzer read the server-side breakdown.
 EXTENSIONS = ("model_configuration", "model_repository", "statistics", "binary_tensor_data")
@@ -152,12 +144,12 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
             return await self._infer(request, _deadline_s(context))
         except EvenflowError as exc:
             self._count_failure(request, exc)
-            await context.abort(STATUS_OF[exc.code], str(exc))
+            await context.abort(status_of(exc), str(exc))
             raise  # unreachable: abort raises
         except Exception as exc:  # a server bug: INTERNAL, logged, and the server keeps serving
             internal = _internal_error(request, exc)
             self._count_failure(request, internal)
-            await context.abort(STATUS_OF[internal.code], str(internal))
+            await context.abort(status_of(internal), str(internal))
             raise  # unreachable: abort raises
 
     async def ModelStreamInfer(self,
@@ -180,7 +172,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                                                                                     error)
                 self._count_failure(request, exc)
                 response = pb.ModelStreamInferResponse(
-                    error_message=f"{exc.code.name}: {exc}",
+                    error_message=stream_error_message(exc),
                     infer_response=pb.ModelInferResponse(model_name=request.model_name,
                                                          id=request.id))
             finally:
@@ -214,7 +206,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                        exc: EvenflowError) -> None:
         # Only served names become labels: a client must not grow the metrics without bound.
         model = request.model_name if request.model_name in self._models else ""
-        code = STATUS_OF[exc.code].name
+        code = status_of(exc).name
         self.failures[model, code] += 1
         if self._on_failure is not None:
             self._on_failure(model, code)
@@ -314,11 +306,7 @@ def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError
 
 def _internal_error(request: pb.ModelInferRequest | Undecodable,
                     error: Exception) -> EvenflowError:
-    """What a request hears when the server itself fails on it (a bug): INTERNAL, with the
-    exception logged here with its traceback."""
-    logger.error("request %r to model %r failed inside the server", request.id,
-                 request.model_name, exc_info=error)
-    return EvenflowError(f"internal server error ({type(error).__name__}); see the server log")
+    return internal_error(error, f"request {request.id!r} to model {request.model_name!r}")
 
 
 def _deadline_s(context: grpc.aio.ServicerContext) -> float:

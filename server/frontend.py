@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import grpc
 
-from evenflow.balancer import EvenflowError
+from evenflow.balancer import EvenflowError, InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.server.edge import STATUS_OF, EdgeServicer
+from evenflow.server.edge import EdgeServicer
 from evenflow.server.model_config import model_config, model_metadata, model_statistics
 from evenflow.server.model_control import (
     ModelManager,
     ModelState,
     source_from_load_parameters,
 )
-from evenflow.server.served import MODEL_VERSION, ModelTable, ServedModel
+from evenflow.server.served import MODEL_VERSION, ModelTable
+from evenflow.server.status import answers_errors
 
 
 class InferenceServicer(EdgeServicer):
@@ -33,24 +34,28 @@ class InferenceServicer(EdgeServicer):
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=self.ready)
 
+    @answers_errors
     async def ModelMetadata(self, request: pb.ModelMetadataRequest,
                             context: grpc.aio.ServicerContext) -> pb.ModelMetadataResponse:
-        model = await self._lookup(request.name, request.version, context)
+        model = self._table.get(request.name, request.version)
         return model_metadata(model)
 
+    @answers_errors
     async def ModelConfig(self, request: pb.ModelConfigRequest,
                           context: grpc.aio.ServicerContext) -> pb.ModelConfigResponse:
-        model = await self._lookup(request.name, request.version, context)
+        model = self._table.get(request.name, request.version)
         return pb.ModelConfigResponse(config=model_config(model))
 
+    @answers_errors
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: grpc.aio.ServicerContext) -> pb.ModelStatisticsResponse:
         if request.name:
-            models = [await self._lookup(request.name, request.version, context)]
+            models = [self._table.get(request.name, request.version)]
         else:
             models = list(self._table)
         return pb.ModelStatisticsResponse(model_stats=[model_statistics(m) for m in models])
 
+    @answers_errors
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
                               context: grpc.aio.ServicerContext) -> pb.RepositoryIndexResponse:
         """Every model the configuration names (and any loaded since), with its state;
@@ -61,37 +66,23 @@ class InferenceServicer(EdgeServicer):
             for name, entry in self._manager.index()
             if not request.ready or entry.state is ModelState.READY])
 
+    @answers_errors
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
                                   context: grpc.aio.ServicerContext
                                   ) -> pb.RepositoryModelLoadResponse:
         """Load (or reload) a configured model. The ``config`` parameter, a JSON object, may
         name another ``source`` where the server allows any source."""
+        source = source_from_load_parameters(request.parameters)
         try:
-            source = source_from_load_parameters(request.parameters)
             await self._manager.load(request.model_name, source)
-        except EvenflowError as exc:
-            await context.abort(STATUS_OF[exc.code], str(exc))
         except (ValueError, TypeError, OSError, ImportError) as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"loading model {request.model_name!r} failed: {exc}")
+            raise InvalidRequest(f"loading model {request.model_name!r} failed: {exc}") from exc
         return pb.RepositoryModelLoadResponse()
 
+    @answers_errors
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
                                     context: grpc.aio.ServicerContext
                                     ) -> pb.RepositoryModelUnloadResponse:
         """Stop routing to the model, let its admitted requests finish, then close it."""
-        try:
-            await self._manager.unload(request.model_name)
-        except EvenflowError as exc:
-            await context.abort(STATUS_OF[exc.code], str(exc))
+        await self._manager.unload(request.model_name)
         return pb.RepositoryModelUnloadResponse()
-
-    async def _lookup(self, name: str, version: str,
-                      context: grpc.aio.ServicerContext) -> ServedModel:
-        try:
-            return self._table.get(name, version)
-        except EvenflowError as exc:
-            await context.abort(STATUS_OF[exc.code], str(exc))
-            raise
-
-

@@ -33,9 +33,10 @@ from evenflow.server import shapes
 from evenflow.server.datatypes import WIRE_TYPES
 from evenflow.server.ipc import arrays
 from evenflow.server.ipc import frontend_messages as msg
-from evenflow.server.ipc.errors import WireError, to_wire
+from evenflow.server.ipc.errors import to_wire
 from evenflow.server.proxied_calls import ProxiedCalls
 from evenflow.server.served import ModelTable, ServedModel
+from evenflow.server.status import internal_error
 
 logger = logging.getLogger(__name__)
 
@@ -257,9 +258,9 @@ class FrontendPool:
             return
         error = future.exception()
         if error is not None:
-            wire = to_wire(error) if isinstance(error, EvenflowError) else \
-                WireError("EvenflowError", f"internal server error ({type(error).__name__})")
-            self._send(identity, msg.Refused(request_id, wire))
+            if not isinstance(error, EvenflowError):
+                error = internal_error(error, f"request {request_id} from {identity!r}")
+            self._send(identity, msg.Refused(request_id, to_wire(error)))
             return
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []

@@ -49,11 +49,11 @@ from evenflow.server.ipc.errors import from_wire
 from evenflow.server.logs import configure_logging
 from evenflow.server.security import TlsFiles, TokenInterceptor, load_token
 from evenflow.server.served import find_model
+from evenflow.server.status import status_from_value, status_of
 
 logger = logging.getLogger(__name__)
 
 _ANSWER_S = 5.0
-_STATUS_BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 _SERVICES = (grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
              evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowStats"].full_name,
              health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
@@ -166,8 +166,9 @@ class RemoteModel:
         frames: list[object] = []
         arrays.pack(payload, metas, frames)
         try:
-            self._link.send(msg.Infer(request_id, self.definition.name, "", num_samples,
-                                      deadline_s, priority, metas), frames)
+            self._link.send(msg.Infer(id=request_id, model=self.definition.name, version="",
+                                      num_samples=num_samples, deadline_s=deadline_s,
+                                      priority=priority, arrays=metas), frames)
             return await future
         except asyncio.CancelledError:
             self._link.send(msg.Cancel(request_id))
@@ -214,11 +215,11 @@ def _forwarder(link: EngineLink) -> Any:
             deadline_s = math.inf if remaining_s is None else time.monotonic() + remaining_s
             try:
                 code, details, response = await link.call(path, request, deadline_s)
-            except EvenflowError as exc:
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
+            except EvenflowError as exc:  # the engine is gone
+                await context.abort(status_of(exc), str(exc))
                 raise  # unreachable: abort raises
             if code:
-                await context.abort(_STATUS_BY_VALUE[code], details)
+                await context.abort(status_from_value(code), details)
             return response  # type: ignore[no-any-return]
         return grpc.unary_unary_rpc_method_handler(handle)
     return forward

@@ -13,7 +13,7 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
     [balancing]  the defaults of every model: policy, batch_policy, max_batch, max_wait_ms,
                  latency_target_ms, max_queued_requests, max_queued_samples,
-                 max_queue_delay_ms, work_stealing, late_binding, watchdog_s,
+                 max_queue_delay_ms, work_stealing, late_binding, watchdog_s, watchdog_floor_s,
                  priority_levels,
                  default_priority_level, pipeline_stages, pipeline_partition, repartition
     [models.NAME] source (required), load, inputs, outputs, and any [balancing] key
@@ -120,6 +120,7 @@ class BalancingSection(_Section):
     work_stealing: bool | None = None
     late_binding: bool | None = None
     watchdog_s: PositiveFloat | None = None
+    watchdog_floor_s: PositiveFloat | None = None
     priority_levels: Annotated[int, Field(ge=1, le=64)] | None = None
     default_priority_level: Positive | None = None
     pipeline_stages: Positive | None = None
@@ -314,6 +315,7 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                       "work_stealing": balancer.work_stealing,
                       "late_binding": balancer.late_binding,
                       "watchdog_s": balancer.watchdog_s,
+                      "watchdog_floor_s": balancer.watchdog_floor_s,
                       "priority_levels": balancer.priority_levels,
                       "default_priority_level": balancer.default_priority_level,
                       "pipeline_stages": pipeline.stages,
@@ -406,7 +408,7 @@ def _balancer(section: BalancingSection, base: BalancerConfig) -> BalancerConfig
         max_queue_delay_s=section.max_queue_delay_ms / 1000.0
         if section.max_queue_delay_ms is not None else None,
         work_stealing=section.work_stealing, late_binding=section.late_binding,
-        watchdog_s=section.watchdog_s,
+        watchdog_s=section.watchdog_s, watchdog_floor_s=section.watchdog_floor_s,
         priority_levels=section.priority_levels,
         default_priority_level=section.default_priority_level))
 

@@ -8,10 +8,11 @@ from collections.abc import Callable
 
 import grpc
 
-from evenflow.balancer import ReplicaSnapshot
+from evenflow.balancer import DeviceNotFound, InvalidRequest, ModelNotFound, ReplicaSnapshot
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 from evenflow.server.served import ModelTable
+from evenflow.server.status import answers_errors
 from evenflow.server.telemetry import GpuSample
 
 
@@ -37,12 +38,12 @@ class StatsServicer(ef_grpc.EvenflowStatsServicer):
         self._gpu_samples = gpu_samples
         self._started_s = time.monotonic()
 
+    @answers_errors
     async def GetStats(self, request: ef.GetStatsRequest,
                        context: grpc.aio.ServicerContext) -> ef.GetStatsResponse:
         models = [m for m in self._models if not request.model_name or m.name == request.model_name]
         if request.model_name and not models:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"unknown model {request.model_name!r}")
+            raise ModelNotFound(f"unknown model {request.model_name[:64]!r}")
         response = ef.GetStatsResponse(uptime_s=time.monotonic() - self._started_s)
         for model in models:
             snap = model.balancer.snapshot()
@@ -67,10 +68,11 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
     def __init__(self, *, models: ModelTable) -> None:
         self._models = models
 
+    @answers_errors
     async def SetDeviceSpeed(self, request: ef.SetDeviceSpeedRequest,
                              context: grpc.aio.ServicerContext) -> ef.SetDeviceSpeedResponse:
         if request.speed <= 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "speed must be > 0")
+            raise InvalidRequest("speed must be > 0")
         previous: float | None = None
         for model in self._models:  # every model's worker (or pipeline stage) on that device
             for replica in model.balancer.replicas:
@@ -79,10 +81,10 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
                     with contextlib.suppress(KeyError):
                         previous = await worker.set_device_speed(request.device, request.speed)
         if previous is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no simulated device named {request.device!r}")
+            raise DeviceNotFound(f"no simulated device named {request.device[:64]!r}")
         return ef.SetDeviceSpeedResponse(previous_speed=previous or 0.0)
 
+    @answers_errors
     async def SetDeviceFault(self, request: ef.SetDeviceFaultRequest,
                              context: grpc.aio.ServicerContext) -> ef.SetDeviceFaultResponse:
         found = False
@@ -95,10 +97,7 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
                     await worker.set_device_fault(request.device, request.fault, request.count)
                 except KeyError:
                     continue  # not a simulated device
-                except ValueError as exc:
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
                 found = True
         if not found:
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"no simulated device named {request.device!r}")
+            raise DeviceNotFound(f"no simulated device named {request.device[:64]!r}")
         return ef.SetDeviceFaultResponse()

@@ -20,7 +20,7 @@ import torch
 
 from evenflow.balancer.errors import BatchFailed, ShuttingDown, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
-from evenflow.balancer.partition import StagePlan, even_split, plan_stages
+from evenflow.balancer.partition import StagePlan, even_split, plan_stages, plan_stages_cost
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.pipeline.layers import layer_costs_s, layer_memory_bytes, split_into_layers
 from evenflow.server.pipeline.stage import MicroBatch, Stage
@@ -279,13 +279,6 @@ class PipelineWorker:
         self._stages[0].stop()  # the stop travels down the pipeline behind the work
         for stage in self._stages:
             await asyncio.to_thread(stage.join)
-
-
-def plan_stages_cost(plan: StagePlan, layer_costs_s: Sequence[float],
-                     speeds: Sequence[float]) -> float:
-    """The bottleneck of an existing cut at other device speeds."""
-    return max(sum(layer_costs_s[j] for j in plan.layers(i)) / speeds[i]
-               for i in range(len(speeds)))
 
 
 def _deliver(future: asyncio.Future[Any], outcome: Any) -> None:

@@ -133,7 +133,8 @@ class ProcessWorker:
         batch_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[batch_id] = future
-        header = msg.encoder.encode(msg.RunBatch(batch_id, [j.num_samples for j in jobs], metas))
+        header = msg.encoder.encode(msg.RunBatch(id=batch_id, sizes=[j.num_samples for j in jobs],
+                                                 arrays=metas))
         try:
             await socket.send_multipart([header, *frames], copy=False)
             done, outputs = await future

@@ -86,8 +86,9 @@ class _Server:
                    loop: asyncio.AbstractEventLoop) -> None:
         inputs = arrays.unpack(batch.arrays, frames)
         per_job = len(inputs) // max(1, len(batch.sizes))
-        jobs = [Job(inputs[i * per_job:(i + 1) * per_job], size, 0.0, math.inf,
-                    loop.create_future()) for i, size in enumerate(batch.sizes)]
+        jobs = [Job(payload=inputs[i * per_job:(i + 1) * per_job], num_samples=size,
+                    arrival_s=0.0, deadline_s=math.inf, future=loop.create_future())
+                for i, size in enumerate(batch.sizes)]
         try:
             result = await self._worker.run(jobs)
         except Exception as exc:
@@ -100,9 +101,9 @@ class _Server:
             arrays.pack(outputs, metas, out_frames)
         timing, cpu = result.timing, result.cpu
         header = msg.encoder.encode(msg.BatchDone(
-            batch.id, (timing.copy_in_s, timing.compute_s, timing.copy_out_s),
-            (cpu.copy_in_s, cpu.compute_s, cpu.copy_out_s) if cpu is not None else None,
-            metas, _status(self._worker)))
+            id=batch.id, timing_s=(timing.copy_in_s, timing.compute_s, timing.copy_out_s),
+            cpu_s=(cpu.copy_in_s, cpu.compute_s, cpu.copy_out_s) if cpu is not None else None,
+            arrays=metas, status=_status(self._worker)))
         await self._socket.send_multipart([header, *out_frames], copy=False)
 
     async def _control(self, control: msg.Control) -> None:
@@ -147,7 +148,8 @@ async def _main(spec: WorkerSpec, address: str) -> None:
         return
     try:
         await socket.send_multipart([msg.encoder.encode(msg.Ready(
-            worker.name, list(worker.devices), worker.max_in_flight, _status(worker)))])
+            name=worker.name, devices=list(worker.devices), max_in_flight=worker.max_in_flight,
+            status=_status(worker)))])
         logger.info("worker %s: process %d ready in %.1f s", worker.name, os.getpid(),
                     time.perf_counter() - started_s)
         await _Server(worker, socket).serve(engine_gone)

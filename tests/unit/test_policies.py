@@ -12,10 +12,14 @@ from evenflow.balancer.policies import (
 
 def load(*, queued_samples: int = 0, queued_requests: int | None = None, base_s: float = 0.01,
          per_sample_s: float = 0.002, batch_size: int = 8, running_remaining_s: float = 0.0,
-         running_requests: int = 0, arrival_rate_per_s: float = 0.0) -> ReplicaLoad:
-    return ReplicaLoad(running_remaining_s, running_requests, queued_samples,
-                       queued_samples if queued_requests is None else queued_requests,
-                       base_s, per_sample_s, batch_size, arrival_rate_per_s)
+         running_requests: int = 0, arrival_rate_per_s: float = 0.0, cold: bool = False,
+         shape_groups: int = 1, stale: bool = False) -> ReplicaLoad:
+    return ReplicaLoad(running_remaining_s=running_remaining_s,
+                       running_requests=running_requests, queued_samples=queued_samples,
+                       queued_requests=queued_samples if queued_requests is None
+                       else queued_requests, base_s=base_s, per_sample_s=per_sample_s,
+                       batch_size=batch_size, arrival_rate_per_s=arrival_rate_per_s, cold=cold,
+                       shape_groups=shape_groups, stale=stale)
 
 
 def test_work_prices_queue_in_batches() -> None:
@@ -82,8 +86,8 @@ def test_busy_replica_is_priced_with_the_arrivals_that_will_join_its_next_batch(
 
 def test_a_cold_replica_gets_one_probe_before_it_is_trusted() -> None:
     warm = load(queued_samples=20)
-    cold_idle = ReplicaLoad(0.0, 0, 0, 0, 0.002, 0.0002, 8, cold=True)
-    cold_busy = ReplicaLoad(0.0, 1, 0, 0, 0.002, 0.0002, 8, cold=True)
+    cold_idle = load(base_s=0.002, per_sample_s=0.0002, cold=True)
+    cold_busy = load(running_requests=1, base_s=0.002, per_sample_s=0.0002, cold=True)
     rng = random.Random(0)
     assert choose_least_work([warm, cold_idle], 1, rng) == 1  # the probe
     assert choose_least_work([warm, cold_busy], 1, rng) == 0  # wait for its first result
@@ -137,16 +141,16 @@ def test_a_batch_takes_only_jobs_of_the_first_ones_shape() -> None:
 
 
 def test_distinct_shapes_are_priced_as_separate_batches() -> None:
-    one_shape = ReplicaLoad(0.0, 0, 4, 4, 0.010, 0.001, 8)
-    four_shapes = ReplicaLoad(0.0, 0, 4, 4, 0.010, 0.001, 8, shape_groups=4)
+    one_shape = load(queued_samples=4, base_s=0.010, per_sample_s=0.001)
+    four_shapes = load(queued_samples=4, base_s=0.010, per_sample_s=0.001, shape_groups=4)
     assert four_shapes.work_s() == pytest.approx(one_shape.work_s() + 3 * 0.010)
 
 
 def test_an_idle_replica_on_a_stale_estimate_gets_a_probe() -> None:
-    fast = ReplicaLoad(0.0, 0, 0, 0, 0.005, 0.001, 8)
-    was_slow = ReplicaLoad(0.0, 0, 0, 0, 0.050, 0.010, 8, stale=True)
+    fast = load(base_s=0.005, per_sample_s=0.001)
+    was_slow = load(base_s=0.050, per_sample_s=0.010, stale=True)
     assert choose_least_work([fast, was_slow], 1, random.Random(0)) == 1
-    fresh_slow = ReplicaLoad(0.0, 0, 0, 0, 0.050, 0.010, 8)
+    fresh_slow = load(base_s=0.050, per_sample_s=0.010)
     assert choose_least_work([fast, fresh_slow], 1, random.Random(0)) == 0
 
 
