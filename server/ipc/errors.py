@@ -7,11 +7,10 @@ import msgspec
 
 from evenflow.balancer import errors
 
+# Every error of the taxonomy, and the two the worker seam's controls raise.
 _CLASSES: dict[str, type[Exception]] = {
-    cls.__name__: cls for cls in (
-        errors.EvenflowError, errors.ModelNotFound, errors.InvalidRequest,
-        errors.DeadlineExceeded, errors.Overloaded, errors.ShuttingDown, errors.BatchFailed,
-        errors.OutOfMemory, errors.WorkerLost, KeyError, ValueError)}
+    cls.__name__: cls for cls in (*vars(errors).values(), KeyError, ValueError)
+    if isinstance(cls, type) and issubclass(cls, (errors.EvenflowError, KeyError, ValueError))}
 
 
 class WireError(msgspec.Struct, array_like=True, frozen=True):
