@@ -228,10 +228,10 @@ class App:
         if self._frontend is not None:  # new inference calls hear UNAVAILABLE from here on
             self._frontend.ready = False
             self._frontend.draining = True
+        if self._pool is not None:  # and at the front-end processes, first thing
+            await self._pool.drain()
         await asyncio.gather(*self._health_updates)
         await self._health.enter_graceful_shutdown()
-        if self._pool is not None:
-            await self._pool.drain()
         if self.manager is not None:
             await self.manager.close(grace_s, abort)
             self.manager = None

@@ -80,11 +80,16 @@ async def admitted(channel: grpc.aio.Channel, count: int) -> None:
 
 
 async def health_status(health: health_pb2_grpc.HealthStub) -> str:
+    """The first health status other than SERVING (watched, so a signal that has to travel
+    from the engine to its front-end processes is seen when it lands), or the call's error."""
+    watch = health.Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
     try:
-        response = await health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        async for response in watch:
+            if response.status != health_pb2.HealthCheckResponse.SERVING:
+                return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     except grpc.aio.AioRpcError as exc:
         return exc.code().name
-    return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+    return "ended"
 
 
 @pytest.mark.parametrize("second_signal", [False, True], ids=["grace-runs-out", "second-sigterm"])
