@@ -85,7 +85,7 @@ async def _stub(address: str, engine_pid: int, seconds: float, window: int) -> R
     metas: list[arrays.ArrayMeta] = []
     frames: list[object] = []
     arrays.pack([np.ones((1, 256), np.float32)], metas, frames)
-    payload = bytes(frames[0])  # type: ignore[call-overload]
+    payload = [bytes(frame) for frame in frames]  # type: ignore[call-overload]
     ids = 4 * window
     headers = [msg.encoder.encode(msg.Infer(id=i, model="m", version="", num_samples=1,
                                             deadline_s=float("inf"), priority=0, arrays=metas))
@@ -95,7 +95,7 @@ async def _stub(address: str, engine_pid: int, seconds: float, window: int) -> R
     async def send(n: int) -> None:
         nonlocal sent
         for _ in range(n):
-            await socket.send_multipart([headers[sent % ids], payload], copy=False)
+            await socket.send_multipart([headers[sent % ids], *payload], copy=False)
             sent += 1
 
     await send(window)

@@ -7,11 +7,13 @@ For each mode (single process; ``--frontends 2``; ``--workers process``; both) a
 size (1 and 8 samples), one ``evenflow serve`` runs while perf_analyzer drives it closed-loop
 at ``--concurrency``. Each process's CPU time is read from /proc before and after and divided
 by the requests the server answered (its own statistics): front-end, engine (the process
-that balances; in the single process, everything) and worker microseconds per request. From
-those, the requests/s each role could reach on a K-core host: front-ends scale with processes
-(K / front-end CPU), the engine is one process (1 / engine CPU), workers one per device. Then
-``benchmarks.engine_routing`` measures the engine alone. The JSON goes to
-.bench/process_model.json.
+that balances; in the single process, everything) and worker microseconds per request, and of
+the engine its event-loop thread alone. From those, the requests/s a K-core host could carry:
+all the CPU must fit in K cores (K / total), and the engine's loop thread, the one serial part
+(front-ends and workers are as many processes as one likes), in one (1 / engine loop). Then
+``benchmarks.engine_routing`` measures the engine alone. ``--workloads``, ``--batches`` and
+``--modes`` pick a subset; with ``--repeats`` the modes alternate and the median run is kept.
+The JSON goes to .bench/process_model.json.
 """
 
 from __future__ import annotations
@@ -50,11 +52,13 @@ class Row:
     p99_ms: float
     frontend_us: float
     engine_us: float
+    engine_loop_us: float  # the engine's event-loop thread
     worker_us: float
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu_s(pid: int, tid: int | None = None) -> float:
+    path = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
+    fields = path.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -75,10 +79,12 @@ def _roles(engine_pid: int) -> dict[int, str]:
 
 
 def _cpu_by_role(roles: dict[int, str]) -> dict[str, float]:
-    totals = {"engine": 0.0, "frontend": 0.0, "worker": 0.0}
+    totals = {"engine": 0.0, "engine_loop": 0.0, "frontend": 0.0, "worker": 0.0}
     for pid, role in roles.items():
         with contextlib.suppress(OSError):  # a process that ended meanwhile
             totals[role] += _cpu_s(pid)
+            if role == "engine":
+                totals["engine_loop"] += _cpu_s(pid, pid)  # the main thread runs the loop
     return totals
 
 
@@ -104,27 +110,27 @@ def _measure(mode: str, workload: str, batch: int, concurrency: int, window_ms: 
         server.stop()
     per = {role: (after[role] - before[role]) / max(1, answered) * 1e6 for role in after}
     return Row(mode, workload, batch, point.infer_per_s, point.infer_per_s * batch,
-               point.p50_ms, point.p99_ms, per["frontend"], per["engine"], per["worker"])
+               point.p50_ms, point.p99_ms, per["frontend"], per["engine"], per["engine_loop"],
+               per["worker"])
 
 
 def _bound_per_s(row: Row, cores: int) -> float:
-    """Requests/s the front-end and engine roles could carry on ``cores`` (workers aside)."""
-    if row.frontend_us == 0.0:  # one process: everything on its one event loop
-        return 1e6 / row.engine_us
-    frontends = max(1, cores - 1) * 1e6 / row.frontend_us
-    return min(frontends, 1e6 / row.engine_us)
+    """Requests/s ``cores`` could carry: all the CPU in K cores, the engine's loop in one."""
+    total_us = row.frontend_us + row.engine_us + row.worker_us
+    return min(cores * 1e6 / total_us, 1e6 / row.engine_loop_us)
 
 
 def _table(rows: list[Row]) -> str:
     head = ("| workload | samples/request | mode | infer/s | samples/s | p50 ms | p99 ms | "
-            "front-end us | engine us | worker us | "
+            "front-end us | engine us (loop) | worker us | "
             + " | ".join(f"bound on {k} cores" for k in CORES) + " |")
     lines = [head, "|" + "---|" * (10 + len(CORES))]
     for r in rows:
         bounds = " | ".join(f"{_bound_per_s(r, k):,.0f}" for k in CORES)
         lines.append(f"| {r.workload} | {r.batch} | {r.mode} | {r.infer_per_s:,.0f} | "
                      f"{r.samples_per_s:,.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
-                     f"{r.frontend_us:.0f} | {r.engine_us:.0f} | {r.worker_us:.0f} | {bounds} |")
+                     f"{r.frontend_us:.0f} | {r.engine_us:.0f} ({r.engine_loop_us:.0f}) | "
+                     f"{r.worker_us:.0f} | {bounds} |")
     return "\n".join(lines)
 
 
@@ -133,31 +139,40 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--window-ms", type=int, default=3000)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    modes = args.modes.split(",")
     rows: list[Row] = []
-    for workload in WORKLOADS:
-        for batch in (1, 8):
-            for mode in MODES:
-                runs = [_measure(mode, workload, batch, args.concurrency, args.window_ms,
-                                 args.out) for _ in range(args.repeats)]
-                row = min(runs, key=lambda r: abs(r.infer_per_s - statistics.median(
-                    x.infer_per_s for x in runs)))
+    for workload in args.workloads.split(","):
+        for batch in (int(b) for b in args.batches.split(",")):
+            runs: dict[str, list[Row]] = {mode: [] for mode in modes}
+            for _ in range(args.repeats):  # A B C D A B C D ...
+                for mode in modes:
+                    runs[mode].append(_measure(mode, workload, batch, args.concurrency,
+                                               args.window_ms, args.out))
+            for mode, points in runs.items():
+                median = statistics.median(p.infer_per_s for p in points)
+                row = min(points, key=lambda r: abs(r.infer_per_s - median))
                 rows.append(row)
+                spread = ", ".join(f"{p.infer_per_s:,.0f}" for p in points)
                 print(f"  {workload} b={batch} {mode}: {row.infer_per_s:,.0f} infer/s "
-                      f"p99 {row.p99_ms:.1f} ms", flush=True)
+                      f"({spread}) p99 {row.p99_ms:.1f} ms", flush=True)
     routing = engine_routing.measure(5.0, 256)
     print(_table(rows))
     print(f"\nengine alone: {routing.engine_cpu_us_per_request:.1f} us CPU per request -> "
           f"{routing.one_core_per_s:,.0f} one-sample requests/s on one core")
     for workload in WORKLOADS:
-        thread = next(r for r in rows if r.workload == workload and r.batch == 8
-                      and r.mode == "single")
-        process = next(r for r in rows if r.workload == workload and r.batch == 8
-                       and r.mode == "workers process")
-        print(f"{workload}, 8-sample requests: --workers process / thread samples/s = "
-              f"{process.samples_per_s / thread.samples_per_s:.2f}")
+        thread = next((r for r in rows if r.workload == workload and r.batch == 8
+                       and r.mode == "single"), None)
+        process = next((r for r in rows if r.workload == workload and r.batch == 8
+                        and r.mode == "workers process"), None)
+        if thread is not None and process is not None:
+            print(f"{workload}, 8-sample requests: --workers process / thread samples/s = "
+                  f"{process.samples_per_s / thread.samples_per_s:.2f}")
     write_json(args.out / "process_model.json",
                {"rows": [asdict(r) for r in rows],
                 "engine_alone": {"cpu_us_per_request": routing.engine_cpu_us_per_request,

@@ -12,38 +12,50 @@ import numpy as np
 
 
 class ArrayMeta(msgspec.Struct, array_like=True, frozen=True):
-    """One array: numpy dtype string, shape, and for object arrays the elements."""
+    """One array: numpy dtype string, shape; for object arrays the elements, and for small
+    arrays the bytes themselves (``inline``: no frame of their own)."""
 
     dtype: str
     shape: tuple[int, ...]
     items: list[bytes] | None = None
+    inline: bytes | None = None
 
 
-_EMPTY = b""
+# Arrays up to this size travel inside the metadata: each ZeroMQ frame costs a send and a
+# receive call (measured: the engine spent ~16 % of its time in per-frame sends), while copying
+# a few KiB into the header is cheap. Larger ones get a frame, sent without a copy past 64 KiB.
+INLINE_BYTES = 4096
 
 
 def pack(arrays: Sequence[np.ndarray], metas: list[ArrayMeta], frames: list[object]) -> None:
-    """Append each array's metadata to ``metas`` and its buffer to ``frames``."""
+    """Append each array's metadata to ``metas`` and, unless it travels inline, its buffer to
+    ``frames``."""
     for array in arrays:
         if array.dtype.kind == "O":
             metas.append(ArrayMeta("O", array.shape,
                                    [x if isinstance(x, bytes) else str(x).encode()
                                     for x in array.reshape(-1)]))
-            frames.append(_EMPTY)
+            continue
+        if array.nbytes <= INLINE_BYTES:
+            metas.append(ArrayMeta(array.dtype.str, array.shape, inline=array.tobytes()))
             continue
         dense = array if array.flags.c_contiguous else np.ascontiguousarray(array)
         metas.append(ArrayMeta(dense.dtype.str, dense.shape))
-        frames.append(dense.data.cast("B") if dense.size else _EMPTY)
+        frames.append(dense.data.cast("B"))
 
 
 def unpack(metas: Sequence[ArrayMeta], frames: Sequence[bytes | memoryview]) -> list[np.ndarray]:
-    """The arrays back, as read-only views of the frames (no copy)."""
+    """The arrays back, as read-only views of the frames or the inline bytes (no copy)."""
     arrays = []
-    for meta, frame in zip(metas, frames, strict=True):
+    rest = iter(frames)
+    for meta in metas:
         if meta.items is not None:
             arrays.append(np.array(meta.items, dtype=object).reshape(meta.shape))
-        else:
-            arrays.append(np.frombuffer(frame, dtype=np.dtype(meta.dtype)).reshape(meta.shape))
+            continue
+        data = meta.inline if meta.inline is not None else next(rest)
+        arrays.append(np.frombuffer(data, dtype=np.dtype(meta.dtype)).reshape(meta.shape))
+    if next(rest, None) is not None:
+        raise ValueError("more frames than arrays")
     return arrays
 
 
