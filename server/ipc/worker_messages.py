@@ -1,8 +1,9 @@
 """The messages between the engine and a worker process, over one ZeroMQ PAIR socket.
 
 Each message is a multipart: the first frame a msgspec/msgpack-encoded struct below, then one
-raw frame per array it describes (``ArrayMeta``). A batch crosses once: ``RunBatch`` carries
-every job's inputs (jobs x inputs, job-major), ``BatchDone`` every job's outputs."""
+raw frame per array it describes (``ArrayMeta``; small ones travel inline). A batch crosses
+once: ``RunBatch`` carries each input of the whole batch (the jobs' rows one after another,
+``sizes`` saying how many each), ``BatchDone`` each output of the whole batch."""
 
 from __future__ import annotations
 
@@ -35,14 +36,14 @@ class StartFailed(msgspec.Struct, tag=True, array_like=True, frozen=True):
 class RunBatch(msgspec.Struct, tag=True, array_like=True, frozen=True):
     id: int
     sizes: list[int]  # each job's samples
-    arrays: list[ArrayMeta]  # len(sizes) x inputs
+    arrays: list[ArrayMeta]  # one per input, sum(sizes) rows
 
 
 class BatchDone(msgspec.Struct, tag=True, array_like=True, frozen=True):
     id: int
     timing_s: tuple[float, float, float]  # copy in, compute, copy out
     cpu_s: tuple[float, float, float] | None
-    arrays: list[ArrayMeta]  # jobs x outputs
+    arrays: list[ArrayMeta]  # one per output, every job's rows
     status: Status
 
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -128,19 +129,18 @@ class ProcessWorker:
             raise WorkerLost(f"worker {self._name}: its process is not running")
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
-        for job in jobs:
-            arrays.pack(job.payload, metas, frames)
+        arrays.pack(_batch_inputs(jobs), metas, frames)
         batch_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[batch_id] = future
-        header = msg.encoder.encode(msg.RunBatch(id=batch_id, sizes=[j.num_samples for j in jobs],
-                                                 arrays=metas))
+        sizes = [job.num_samples for job in jobs]
+        header = msg.encoder.encode(msg.RunBatch(id=batch_id, sizes=sizes, arrays=metas))
         try:
             await socket.send_multipart([header, *frames], copy=False)
             done, outputs = await future
         finally:
             self._pending.pop(batch_id, None)
-        return _result(done, len(jobs), outputs)
+        return _result(done, sizes, outputs)
 
     async def _control(self, request: msg.Control) -> msg.ControlDone:
         socket = self._socket
@@ -244,9 +244,23 @@ def _status(status: msg.Status) -> WorkerStatus:
     return WorkerStatus(tuple(status.stages), status.num_repartitions)
 
 
-def _result(done: msg.BatchDone, num_jobs: int, frames: list[bytes]) -> BatchResult:
+def _batch_inputs(jobs: Sequence[Job]) -> list[np.ndarray]:
+    """Each input of the whole batch, the jobs' rows one after another (jobs in a batch share
+    their non-batch shapes): one frame per input, not one per job and input."""
+    if len(jobs) == 1:
+        return list(jobs[0].payload)
+    return [np.concatenate([job.payload[i] for job in jobs])
+            for i in range(len(jobs[0].payload))]
+
+
+def _result(done: msg.BatchDone, sizes: list[int], frames: list[bytes]) -> BatchResult:
+    """The batch's outputs (one array each, every job's rows) cut into each job's rows, as
+    views."""
     outputs = arrays.unpack(done.arrays, frames)
-    per_job = len(outputs) // num_jobs
-    return BatchResult([outputs[i * per_job:(i + 1) * per_job] for i in range(num_jobs)],
-                       BatchTiming(*done.timing_s),
+    per_job = []
+    start = 0
+    for size in sizes:
+        per_job.append([output[start:start + size] for output in outputs])
+        start += size
+    return BatchResult(per_job, BatchTiming(*done.timing_s),
                        BatchTiming(*done.cpu_s) if done.cpu_s is not None else None)

@@ -84,11 +84,10 @@ class _Server:
 
     async def _run(self, batch: msg.RunBatch, frames: list[bytes],
                    loop: asyncio.AbstractEventLoop) -> None:
-        inputs = arrays.unpack(batch.arrays, frames)
-        per_job = len(inputs) // max(1, len(batch.sizes))
-        jobs = [Job(payload=inputs[i * per_job:(i + 1) * per_job], num_samples=size,
-                    arrival_s=0.0, deadline_s=math.inf, future=loop.create_future())
-                for i, size in enumerate(batch.sizes)]
+        # The engine sent the batch's inputs whole: one job of all its rows, whose outputs go
+        # back whole too (the engine cuts them per request).
+        jobs = [Job(payload=arrays.unpack(batch.arrays, frames), num_samples=sum(batch.sizes),
+                    arrival_s=0.0, deadline_s=math.inf, future=loop.create_future())]
         try:
             result = await self._worker.run(jobs)
         except Exception as exc:
@@ -97,8 +96,7 @@ class _Server:
             return
         metas: list[arrays.ArrayMeta] = []
         out_frames: list[object] = []
-        for outputs in result.outputs:
-            arrays.pack(outputs, metas, out_frames)
+        arrays.pack(result.outputs[0], metas, out_frames)
         timing, cpu = result.timing, result.cpu
         header = msg.encoder.encode(msg.BatchDone(
             id=batch.id, timing_s=(timing.copy_in_s, timing.compute_s, timing.copy_out_s),
