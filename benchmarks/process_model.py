@@ -46,7 +46,7 @@ class Row:
     mode: str
     workload: str
     batch: int
-    infer_per_s: float
+    requests_per_s: float
     samples_per_s: float
     p50_ms: float
     p99_ms: float
@@ -109,7 +109,8 @@ def _measure(mode: str, workload: str, batch: int, concurrency: int, window_ms: 
     finally:
         server.stop()
     per = {role: (after[role] - before[role]) / max(1, answered) * 1e6 for role in after}
-    return Row(mode, workload, batch, point.infer_per_s, point.infer_per_s * batch,
+    # perf_analyzer counts inferences as requests x samples per request.
+    return Row(mode, workload, batch, point.infer_per_s / batch, point.infer_per_s,
                point.p50_ms, point.p99_ms, per["frontend"], per["engine"], per["engine_loop"],
                per["worker"])
 
@@ -121,13 +122,13 @@ def _bound_per_s(row: Row, cores: int) -> float:
 
 
 def _table(rows: list[Row]) -> str:
-    head = ("| workload | samples/request | mode | infer/s | samples/s | p50 ms | p99 ms | "
+    head = ("| workload | samples/request | mode | requests/s | samples/s | p50 ms | p99 ms | "
             "front-end us | engine us (loop) | worker us | "
             + " | ".join(f"bound on {k} cores" for k in CORES) + " |")
     lines = [head, "|" + "---|" * (10 + len(CORES))]
     for r in rows:
         bounds = " | ".join(f"{_bound_per_s(r, k):,.0f}" for k in CORES)
-        lines.append(f"| {r.workload} | {r.batch} | {r.mode} | {r.infer_per_s:,.0f} | "
+        lines.append(f"| {r.workload} | {r.batch} | {r.mode} | {r.requests_per_s:,.0f} | "
                      f"{r.samples_per_s:,.0f} | {r.p50_ms:.1f} | {r.p99_ms:.1f} | "
                      f"{r.frontend_us:.0f} | {r.engine_us:.0f} ({r.engine_loop_us:.0f}) | "
                      f"{r.worker_us:.0f} | {bounds} |")
@@ -155,11 +156,11 @@ def main() -> None:
                     runs[mode].append(_measure(mode, workload, batch, args.concurrency,
                                                args.window_ms, args.out))
             for mode, points in runs.items():
-                median = statistics.median(p.infer_per_s for p in points)
-                row = min(points, key=lambda r: abs(r.infer_per_s - median))
+                median = statistics.median(p.samples_per_s for p in points)
+                row = min(points, key=lambda r: abs(r.samples_per_s - median))
                 rows.append(row)
-                spread = ", ".join(f"{p.infer_per_s:,.0f}" for p in points)
-                print(f"  {workload} b={batch} {mode}: {row.infer_per_s:,.0f} infer/s "
+                spread = ", ".join(f"{p.samples_per_s:,.0f}" for p in points)
+                print(f"  {workload} b={batch} {mode}: {row.samples_per_s:,.0f} samples/s "
                       f"({spread}) p99 {row.p99_ms:.1f} ms", flush=True)
     routing = engine_routing.measure(5.0, 256)
     print(_table(rows))
