@@ -217,7 +217,8 @@ class App:
             failures.update(self._frontend.failures)
         if self._pool is not None:
             failures.update(self._pool.failures)
-        return render(collect(self.models, nvml.latest if nvml is not None else (), failures))
+        return render(collect(self.models, nvml.latest if nvml is not None else (), failures,
+                              self._pool.states() if self._pool is not None else ()))
 
     async def stop(self, grace_s: float | None = None,
                    abort: asyncio.Event | None = None) -> None:

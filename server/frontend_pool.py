@@ -34,6 +34,7 @@ from evenflow.server.datatypes import WIRE_TYPES
 from evenflow.server.ipc import arrays
 from evenflow.server.ipc import frontend_messages as msg
 from evenflow.server.ipc.errors import to_wire
+from evenflow.server.metrics import FrontendState
 from evenflow.server.proxied_calls import ProxiedCalls
 from evenflow.server.served import ModelTable, ServedModel
 from evenflow.server.status import internal_error
@@ -193,10 +194,11 @@ class FrontendPool:
     def pids(self) -> list[int]:
         return [fe.process.pid for fe in self._frontends if fe.process is not None]
 
-    @property
-    def live(self) -> bool:
-        """Some front-end serves the port."""
-        return bool(self._by_identity)
+    def states(self) -> list[FrontendState]:
+        """Each front-end: serving the port (said hello, not gone since), and its restarts."""
+        serving = list(self._by_identity.values())
+        return [FrontendState(fe.index, any(fe is s for s in serving), fe.restarts)
+                for fe in self._frontends]
 
     # --- messages from the front-ends ---
 

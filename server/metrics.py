@@ -10,6 +10,7 @@ counters and snapshots as ModelStatistics and the stats RPC, at scrape time, on 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
 
@@ -18,6 +19,13 @@ from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS
 from evenflow.server.prometheus import MetricFamily, histogram
 from evenflow.server.served import MODEL_VERSION, ServedModel
 from evenflow.server.telemetry import GpuSample
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendState:
+    index: int
+    up: bool
+    restarts: int
 
 _US = 1e6
 
@@ -175,8 +183,22 @@ def _gpu_families(samples: Iterable[GpuSample]) -> list[MetricFamily]:
     return [family for family, _ in families]
 
 
+def _frontend_families(frontends: Iterable[FrontendState]) -> list[MetricFamily]:
+    up = MetricFamily("evenflow_frontend_up", "gauge",
+                      "1 while the front-end process serves the port (--frontends N)")
+    restarts = MetricFamily("evenflow_frontend_restarts_total", "counter",
+                            "Times the front-end process was restarted after it died")
+    for state in frontends:
+        up.add(1.0 if state.up else 0.0, frontend=str(state.index))
+        restarts.add(state.restarts, frontend=str(state.index))
+    return [up, restarts]
+
+
 def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample],
-            failures: Mapping[tuple[str, str], int]) -> list[MetricFamily | Metric]:
-    """Every metric family, read now. ``failures``: (model, status code) -> failed requests."""
+            failures: Mapping[tuple[str, str], int],
+            frontends: Iterable[FrontendState] = ()) -> list[MetricFamily | Metric]:
+    """Every metric family, read now. ``failures``: (model, status code) -> failed requests,
+    in every process; ``frontends``: the front-end processes, with ``--frontends N``."""
     models = list(models)
-    return [*_model_families(models), _failure_family(failures), *_gpu_families(gpu_samples)]
+    return [*_model_families(models), _failure_family(failures), *_gpu_families(gpu_samples),
+            *_frontend_families(frontends)]

@@ -9,6 +9,7 @@ import math
 import os
 import signal
 import time
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 
@@ -84,6 +85,11 @@ class Load:
                    for i in range(len(self.channels)))
 
 
+def _read(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
 def _workers(app: App) -> list[ProcessWorker]:
     replicas = app.models.get("sim").balancer.replicas  # type: ignore[union-attr]
     return [r.worker for r in replicas]  # type: ignore[misc]
@@ -142,7 +148,7 @@ async def _frontend_of(channel: grpc.aio.Channel) -> str:
 
 async def test_a_killed_frontend_fails_only_its_own_calls_and_is_restarted() -> None:
     async with running_app((("sim", "sim"),), devices="sim:1,sim:1", sim_profile=FAST,
-                           frontends=2, workers="thread") as (app, url):
+                           frontends=2, workers="thread", metrics_port=0) as (app, url):
         old_pids = set(app.frontend_pids)
         async with Load(url, 12) as load:
             await load.until(lambda: all(load.ok[i] >= 2 for i in range(12)), 20)
@@ -165,3 +171,8 @@ async def test_a_killed_frontend_fails_only_its_own_calls_and_is_restarted() -> 
                 assert load.failed[index] <= 1, (index, load.failed)  # its call in flight
             else:
                 assert load.failed[index] == 0, (index, home, load.failed)
+        metrics = await asyncio.to_thread(_read, f"http://127.0.0.1:{app.metrics_port}/metrics")
+        assert "evenflow_frontend_restarts_total" in metrics
+        restarted = [line for line in metrics.splitlines()
+                     if line.startswith("evenflow_frontend_restarts_total{")]
+        assert sorted(line.rsplit(" ", 1)[1] for line in restarted) == ["0.0", "1.0"], restarted
