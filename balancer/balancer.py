@@ -122,43 +122,78 @@ class ModelBalancer:
         self._closing = False
         self._in_system = 0  # admitted requests whose future is not done yet
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._round_robin = itertools.cycle(range(len(workers)))
+        self._round_robin = itertools.count()
         self._default_level = config.level_of(0)
-        levels = config.priority_levels
-        dropped = self.counters.dropped
-        shared = JobQueue(levels, dropped) if config.policy is Policy.SHARED_QUEUE else None
-        steal = (self._steal_for if config.policy is Policy.LEAST_WORK and config.work_stealing
-                 and len(workers) > 1 else None)
-        rebind = (self._rebind if config.policy is Policy.LEAST_WORK and config.late_binding
-                  and len(workers) > 1 else None)
-        self.replicas = [
-            Replica(worker=worker,
-                    queue=shared if shared is not None else JobQueue(levels, dropped),
-                    controller=BatchSizeController(
-                        max_batch=config.max_batch, latency_target_s=config.latency_target_s,
-                        max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching),
-                    estimator=LatencyModel(prior_base_s=config.prior_base_s,
-                                           prior_per_sample_s=config.prior_per_sample_s),
-                    counters=self.counters, max_wait_s=config.max_wait_s, clock=clock,
-                    find_work=steal, others_in_flight=self._others_in_flight,
-                    watchdog_s=config.watchdog_s, watchdog_floor_s=config.watchdog_floor_s,
-                    on_lost=self._reroute,
-                    on_health=self._health_changed, rebind=rebind)
-            for worker in workers
-        ]
+        self._shared_queue = (JobQueue(config.priority_levels, self.counters.dropped)
+                              if config.policy is Policy.SHARED_QUEUE else None)
+        self._many = len(workers) > 1  # stealing and late binding need another replica
+        self.replicas = [self._make_replica(worker) for worker in workers]
         self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
         self._in_service = list(self.replicas)  # the healthy replicas, in routing
         self._on_health = on_health
         self._ledger = ledger
 
+    def _make_replica(self, worker: Worker) -> Replica:
+        config = self.config
+        least_work = config.policy is Policy.LEAST_WORK
+        return Replica(
+            worker=worker,
+            queue=self._shared_queue if self._shared_queue is not None
+            else JobQueue(config.priority_levels, self.counters.dropped),
+            controller=BatchSizeController(
+                max_batch=config.max_batch, latency_target_s=config.latency_target_s,
+                max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching),
+            estimator=LatencyModel(prior_base_s=config.prior_base_s,
+                                   prior_per_sample_s=config.prior_per_sample_s),
+            counters=self.counters, max_wait_s=config.max_wait_s, clock=self._clock,
+            find_work=self._steal_for if least_work and config.work_stealing else None,
+            others_in_flight=self._others_in_flight,
+            watchdog_s=config.watchdog_s, watchdog_floor_s=config.watchdog_floor_s,
+            on_lost=self._reroute, on_health=self._health_changed,
+            rebind=self._rebind if least_work and config.late_binding else None)
+
+    def add_replica(self, worker: Worker) -> Replica:
+        """A new replica (a device that joined), in routing at once; it is cold, so it gets
+        one probe request before its estimate is trusted."""
+        replica = self._make_replica(worker)
+        self.replicas.append(replica)
+        self._many = len(self.replicas) > 1
+        self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
+        if self._loop is not None:
+            self._start_replica(replica)
+        self._health_changed()
+        return replica
+
+    async def remove_replica(self, replica: Replica) -> None:
+        """Take ``replica`` out of routing, move its queued work to the others, let its running
+        batch finish, and stop it (its worker is the caller's to close)."""
+        replica.healthy = False
+        self._health_changed()
+        queue = replica.queue
+        queued = [] if queue is self._shared_queue else \
+            [queue.pop_tail() for _ in range(len(queue))][::-1]
+        self._reroute(replica, [], queued)
+        await replica.wait_quiet()
+        self.replicas.remove(replica)
+        self._many = len(self.replicas) > 1
+        self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
+        if self._ledger is not None:
+            self._ledger.remove(replica)
+            replica.ledger = None
+        await replica.stop()
+        self._health_changed()
+
     def start(self) -> None:
         """Start the replica loops on the running event loop (the one ``submit`` is called on)."""
         self._loop = asyncio.get_running_loop()
         for replica in self.replicas:
-            if self._ledger is not None:
-                self._ledger.add(replica)
-                replica.ledger = self._ledger
-            replica.start()
+            self._start_replica(replica)
+
+    def _start_replica(self, replica: Replica) -> None:
+        if self._ledger is not None:
+            self._ledger.add(replica)
+            replica.ledger = self._ledger
+        replica.start()
 
     @property
     def serving(self) -> bool:
@@ -322,7 +357,7 @@ class ModelBalancer:
             index = choose_pow2(loads, self._rng)
             return replicas[index], loads[index].work_s(num_samples)
         if policy is Policy.ROUND_ROBIN:
-            chosen = replicas[next(self._round_robin) % len(replicas)]
+            chosen = replicas[next(self._round_robin) % len(replicas)]  # the live ones
             return chosen, chosen.load(now_s).work_s(num_samples)
         # shared-queue: every replica reads the same queue, so it drains at their summed rate
         loads = [replica.load(now_s) for replica in replicas]
@@ -334,7 +369,7 @@ class ModelBalancer:
     def _steal_for(self, thief: Replica) -> None:
         """Move queued jobs to ``thief`` from the busiest replicas first, while each would
         finish sooner there and its next batch has room."""
-        if not thief.healthy:
+        if not thief.healthy or not self._many:
             return
         now_s = self._clock()
         victims = [r for r in self.replicas if r is not thief and len(r.queue)]

@@ -64,10 +64,11 @@ class BatchResult:
 @dataclass(frozen=True, slots=True)
 class WorkerStatus:
     """What a worker reports about itself besides its batches: a pipeline's stages (device,
-    layers, planned and measured seconds) and how often it re-partitioned."""
+    layers, planned and measured seconds), how often it re-partitioned, and where it runs."""
 
     stages: tuple[Mapping[str, Any], ...] = ()
     num_repartitions: int = 0
+    location: str = ""  # where it runs, as its host names it ("" in this process)
 
 
 class Worker(Protocol):

@@ -188,7 +188,7 @@ class Replica:
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
             stages=status.stages, num_repartitions=status.num_repartitions,
-            healthy=self.healthy, restarts=self.restarts)
+            healthy=self.healthy, restarts=self.restarts, location=status.location)
 
     async def _run(self) -> None:
         if self._max_in_flight == 1:

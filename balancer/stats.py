@@ -214,6 +214,7 @@ class ReplicaSnapshot:
     num_repartitions: int = 0
     healthy: bool = True  # in routing (False while its lost worker restarts)
     restarts: int = 0
+    location: str = ""  # where the worker runs (its host's name for it; "" in this process)
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,6 +244,10 @@ class App:
         if self._server is not None:  # every admitted call has its answer; now close the port
             await self._server.stop(_ANSWER_S)
             self._server = None
+        if self.config.workers == "ray":
+            from evenflow.server.workers import ray_host
+
+            await asyncio.to_thread(ray_host.disconnect)
         if self._nvml is not None:
             await self._nvml.close()
             self._nvml = None

@@ -141,8 +141,12 @@ FLAGS: dict[str, list[Flag]] = {
              "and encode spread over cores; 1: one process serves everything)", int),
         Flag("--workers", "server.workers",
              "where device workers run: thread (in the engine process) or process (one "
-             "process per replica: a crash or hang stays there and is restarted)",
-             choices=("thread", "process")),
+             "process per replica: a crash or hang stays there and is restarted) or ray (one "
+             "Ray actor per replica, on any node of a Ray cluster; pip install evenflow[ray])",
+             choices=("thread", "process", "ray")),
+        Flag("--ray-address", "server.ray_address",
+             "with --workers ray: the cluster to join (auto, HOST:PORT, ray://...), or local: "
+             "a private Ray instance on this machine, bound to 127.0.0.1"),
         Flag("--shutdown-grace-s", "server.shutdown_grace_s",
              "on SIGTERM, how long in-flight requests get", float),
         Flag("--gil-switch-interval-us", "server.gil_switch_interval_us",

@@ -14,7 +14,7 @@ from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import TensorSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
-WORKER_HOSTS = ("thread", "process")
+WORKER_HOSTS = ("thread", "process", "ray")
 PARTITIONS = ("optimal", "even")
 
 
@@ -76,8 +76,11 @@ class ServerConfig:
     shutdown_grace_s: on SIGTERM, how long in-flight requests get to finish.
     frontends: gRPC front-end processes sharing the port (SO_REUSEPORT) around one engine
         process that balances; 1 serves everything from one process.
-    workers: where device workers run: "thread" (threads of the engine process) or
-        "process" (one process per replica: a crash or hang there stays there).
+    workers: where device workers run: "thread" (threads of the engine process),
+        "process" (one process per replica: a crash or hang there stays there) or "ray" (one
+        Ray actor per replica, on any node of a Ray cluster; needs the ``ray`` extra).
+    ray_address: with ``workers="ray"``: the cluster to join (``auto``, ``HOST:PORT``,
+        ``ray://...``), or "local" for a private instance on this machine.
     gil_switch_interval_s: Python's GIL switch interval. The default 5 ms lets the busy event
         loop hold the GIL for 5 ms while a worker thread waits to resume after each kernel; a
         short interval hands it over sooner.
@@ -105,6 +108,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     frontends: int = 1
     workers: str = "thread"
+    ray_address: str = "local"
     gil_switch_interval_s: float = 0.0002
     log_level: str = "INFO"
     log_format: str = "text"

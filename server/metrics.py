@@ -113,6 +113,9 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
                           "Latency target the batch-size controllers aim for")
     replica_families = [(MetricFamily(name, kind, text), value)
                         for name, kind, text, value in _REPLICA_METRICS]
+    where = MetricFamily("evenflow_replica_info", "gauge",
+                         "1 per replica; ``location`` says where its worker runs (a worker "
+                         "process's pid, a Ray node; empty in the engine process)")
     batch_sizes = MetricFamily("evenflow_replica_batches_by_size_total", "counter",
                                "Batches the replica has run, by batch size")
     for model in models:
@@ -140,6 +143,7 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
                 family.add(value(replica), **replica_labels)
             for size, batches in sorted(replica.batch_size_counts.items()):
                 batch_sizes.add(batches, **replica_labels, batch_size=str(size))
+            where.add(1.0, **replica_labels, location=replica.location)
     latency = histogram(
         "evenflow_request_duration_seconds",
         "Latency of successful requests, admission to answer (queue plus batch)",
@@ -147,7 +151,7 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
         [([m.name, MODEL_VERSION], m.balancer.counters.latency.cumulative(),
           m.balancer.counters.latency.total_s) for m in models])
     return [success, failure, count, exec_count, pending, *(f for f, _ in durations), latency,
-            rejected, dropped, target, *(f for f, _ in replica_families), batch_sizes,
+            rejected, dropped, target, *(f for f, _ in replica_families), batch_sizes, where,
             *_cpu_family(models)]
 
 

@@ -175,7 +175,7 @@ class ModelManager:
                             log_level=config.log_level, log_format=config.log_format)
                  for group in device_groups(self._devices, model.pipeline.stages)]
         definition = await asyncio.to_thread(load_spec_definition, specs[0])
-        workers = await build_workers(specs, definition, config.workers)
+        workers = await build_workers(specs, definition, config.workers, config.ray_address)
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
                                  on_health=self._on_health, ledger=self._ledger)
         if cpu_accounting.enabled():

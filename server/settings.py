@@ -6,7 +6,8 @@ Every key is optional: a key left out takes the default stated once in ``server.
 with the key, the value and the reason, all problems at once (``ConfigError``).
 
     [server]     host, port, max_message_bytes, max_tensor_elements, shutdown_grace_s,
-                 gil_switch_interval_us, metrics_port, log_level, log_format, frontends, workers
+                 gil_switch_interval_us, metrics_port, log_level, log_format, frontends, workers,
+                 ray_address
     [devices]    list, cpu_threads, dtype
     [security]   admin, allow_any_model_source, tls_cert, tls_key, tls_client_ca,
                  auth_token_file, auth_groups
@@ -68,6 +69,7 @@ class ServerSection(_Section):
     log_format: Literal["text", "json"] | None = None
     frontends: Positive | None = None
     workers: Literal[WORKER_HOSTS] | None = None  # type: ignore[valid-type]
+    ray_address: str | None = None
 
 
 class DevicesSection(_Section):
@@ -293,7 +295,7 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                    "gil_switch_interval_us": round(config.gil_switch_interval_s * 1e6, 3),
                    "metrics_port": config.metrics_port, "log_level": config.log_level,
                    "log_format": config.log_format, "frontends": config.frontends,
-                   "workers": config.workers},
+                   "workers": config.workers, "ray_address": config.ray_address},
         "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype},
         "security": {"admin": config.admin,
                      "allow_any_model_source": config.allow_any_model_source,
@@ -373,6 +375,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
                shutdown_grace_s=server.shutdown_grace_s, metrics_port=server.metrics_port,
                log_level=server.log_level, log_format=server.log_format,
                frontends=server.frontends, workers=server.workers,
+               ray_address=server.ray_address,
                gil_switch_interval_s=server.gil_switch_interval_us / 1e6
                if server.gil_switch_interval_us is not None else None,
                cpu_threads=devices.cpu_threads, dtype=devices.dtype,

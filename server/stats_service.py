@@ -28,7 +28,7 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
         running_requests=snapshot.running_requests,
         stages=[ef.PipelineStage(**stage) for stage in snapshot.stages],
         num_repartitions=snapshot.num_repartitions, healthy=snapshot.healthy,
-        restarts=snapshot.restarts,
+        restarts=snapshot.restarts, location=snapshot.location,
         batch_size_counts=snapshot.batch_size_counts)
 
 

@@ -83,7 +83,7 @@ def build_thread_worker(spec: WorkerSpec, definition: ModelDefinition) -> Worker
 
 
 async def build_workers(specs: list[WorkerSpec], definition: ModelDefinition,
-                        host: str) -> list[Worker]:
+                        host: str, ray_address: str = "local") -> list[Worker]:
     """Every replica's worker on ``host``; on failure, what was built is closed again."""
     if host not in WORKER_HOSTS:
         raise ValueError(f"unknown worker host {host!r}: one of {WORKER_HOSTS}")
@@ -92,12 +92,22 @@ async def build_workers(specs: list[WorkerSpec], definition: ModelDefinition,
         if host == "thread":
             for spec in specs:
                 workers.append(await asyncio.to_thread(build_thread_worker, spec, definition))
-        else:
+        elif host == "process":
             from evenflow.server.workers.process_host import ProcessWorker
 
             processes = [ProcessWorker(spec) for spec in specs]
             workers.extend(processes)
             await asyncio.gather(*(p.start() for p in processes))
+        else:
+            try:
+                from evenflow.server.workers import ray_host
+            except ImportError as exc:
+                raise ValueError("--workers ray needs Ray: pip install 'evenflow[ray]'") \
+                    from exc
+            await asyncio.to_thread(ray_host.connect, ray_address)
+            actors = [ray_host.RayWorker(spec) for spec in specs]
+            workers.extend(actors)
+            await asyncio.gather(*(a.start() for a in actors))
     except BaseException:
         await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
         raise

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -24,7 +25,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
-import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -74,7 +74,8 @@ class ProcessWorker:
         return self._process.pid if self._process is not None else None
 
     def status(self) -> WorkerStatus:
-        return self._status
+        return dataclasses.replace(self._status, location=f"pid {self.pid}") \
+            if self.pid is not None else self._status
 
     async def start(self) -> None:
         """Start the process and wait until its worker is built; raises what building raised."""
@@ -129,7 +130,7 @@ class ProcessWorker:
             raise WorkerLost(f"worker {self._name}: its process is not running")
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
-        arrays.pack(_batch_inputs(jobs), metas, frames)
+        arrays.pack(arrays.join_jobs([job.payload for job in jobs]), metas, frames)
         batch_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[batch_id] = future
@@ -244,23 +245,7 @@ def _status(status: msg.Status) -> WorkerStatus:
     return WorkerStatus(tuple(status.stages), status.num_repartitions)
 
 
-def _batch_inputs(jobs: Sequence[Job]) -> list[np.ndarray]:
-    """Each input of the whole batch, the jobs' rows one after another (jobs in a batch share
-    their non-batch shapes): one frame per input, not one per job and input."""
-    if len(jobs) == 1:
-        return list(jobs[0].payload)
-    return [np.concatenate([job.payload[i] for job in jobs])
-            for i in range(len(jobs[0].payload))]
-
-
 def _result(done: msg.BatchDone, sizes: list[int], frames: list[bytes]) -> BatchResult:
-    """The batch's outputs (one array each, every job's rows) cut into each job's rows, as
-    views."""
     outputs = arrays.unpack(done.arrays, frames)
-    per_job = []
-    start = 0
-    for size in sizes:
-        per_job.append([output[start:start + size] for output in outputs])
-        start += size
-    return BatchResult(per_job, BatchTiming(*done.timing_s),
+    return BatchResult(arrays.split_rows(outputs, sizes), BatchTiming(*done.timing_s),
                        BatchTiming(*done.cpu_s) if done.cpu_s is not None else None)

@@ -601,3 +601,44 @@ async def test_a_cold_replica_on_a_shared_device_does_not_make_it_look_infinitel
     await probe
     for balancer in (cold, warm):
         await balancer.close()
+
+
+async def test_an_added_replica_takes_work_at_once(make_balancer) -> None:
+    busy = FakeWorker("busy", gated=True)
+    balancer = make_balancer([busy], policy=Policy.LEAST_WORK)
+    first = balancer.submit(0, 1)
+    await settle()
+    assert busy.batches == [[1]]
+    joined = FakeWorker("joined")
+    balancer.add_replica(joined)
+    second = balancer.submit(1, 1)
+    await settle()
+    assert joined.batches == [[1]]  # idle and cold: it gets the request, not the busy one
+    assert second.result() == ("out", 1)
+    busy.release()
+    await settle()
+    assert first.result() == ("out", 0)
+    assert [r.worker for r in balancer.replicas] == [busy, joined]
+
+
+async def test_a_removed_replica_hands_its_queue_over_and_finishes_its_batch(
+        make_balancer) -> None:
+    leaving = FakeWorker("leaving", gated=True)
+    staying = FakeWorker("staying", gated=True)
+    balancer = make_balancer([leaving, staying], policy=Policy.ROUND_ROBIN,
+                             adaptive_batching=False, max_batch=1)
+    futures = [balancer.submit(i, 1) for i in range(4)]  # 0, 2 -> leaving; 1, 3 -> staying
+    await settle()
+    assert leaving.batches == [[1]] and staying.batches == [[1]]
+    removal = asyncio.create_task(balancer.remove_replica(balancer.replicas[0]))
+    await settle()
+    assert not removal.done()  # its running batch is not finished yet
+    leaving.release()  # request 0 finishes where it ran
+    await settle()
+    await removal
+    assert [r.worker for r in balancer.replicas] == [staying]
+    while staying.num_waiting:  # 1, then 3 and the moved 2, one batch each
+        staying.release()
+        await settle()
+    assert [f.result() for f in futures] == [("out", i) for i in range(4)]
+    assert len(leaving.batches) == 1  # request 2 moved, never ran there

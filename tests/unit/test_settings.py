@@ -55,7 +55,7 @@ BAD_FILES = [
     ("default level outside the levels", "[balancing]\npriority_levels = 2\n"
      "default_priority_level = 3\n", "balancing.default_priority_level = 3: must be one of"),
     ("front-end processes", "[server]\nfrontends = 0\n", "server.frontends = 0"),
-    ("worker host", "[server]\nworkers = \"ray\"\n", "server.workers"),
+    ("worker host", "[server]\nworkers = \"threads\"\n", "server.workers"),
     ("not TOML", "[server\nport = 1\n", "not TOML"),
 ]
 

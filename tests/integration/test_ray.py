@@ -1,0 +1,110 @@
+"""``--workers ray`` on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``: a head
+and a second node, one CPU each, so two one-CPU actors land on different nodes), every node on
+127.0.0.1. One cluster for the module. Skipped without the ``ray`` extra."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from evenflow.balancer import BalancerConfig, Policy
+from evenflow.server.app import App
+from tests.conftest import TESTS_DIR
+from tests.integration.inprocess import running_app
+from tests.integration.load import FAST, Load
+from tests.integration.test_infer import mlp_reference
+
+ray = pytest.importorskip("ray")
+cluster_utils = pytest.importorskip("ray.cluster_utils")
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[str]:
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    nodes = cluster_utils.Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
+    nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    ray.init(address=nodes.address, configure_logging=False)
+    try:
+        addresses = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
+        if addresses != {"127.0.0.1"}:  # tests never listen beyond loopback
+            pytest.fail(f"Ray nodes bound {addresses}, not 127.0.0.1 only")
+        nodes.wait_for_nodes()
+        yield nodes.address
+    finally:
+        ray.shutdown()
+        nodes.shutdown()
+
+
+def _locations(app: App, model: str) -> list[str]:
+    replicas = app.models.get(model).balancer.replicas  # type: ignore[union-attr]
+    return [r.worker.status().location for r in replicas]
+
+
+async def test_tritonclient_results_are_bit_exact_through_ray_actors(
+        cluster: str, tmp_path: Path) -> None:
+    async with running_app((("mlp", "mlp"),), devices="cpu", workers="ray", frontends=1,
+                           ray_address=cluster) as (app, url):
+        assert _locations(app, "mlp")[0].startswith("node ")
+        out = tmp_path / "triton.npz"
+        probe = await asyncio.to_thread(
+            subprocess.run, [sys.executable, str(TESTS_DIR / "triton_probe.py"), url, str(out)],
+            check=False, capture_output=True, text=True, timeout=120)
+        assert probe.returncode == 0, probe.stderr[-3000:]
+    saved = np.load(out)
+    for case in ("raw_b1", "raw_b8", "typed_b1", "typed_b8", "aio_b8"):
+        x, y = saved[f"{case}_x"], saved[f"{case}_y"]
+        np.testing.assert_array_equal(y, mlp_reference(x), err_msg=case)  # bit for bit
+
+
+async def _samples_by_replica(cluster: str, policy: Policy) -> list[int]:
+    config = BalancerConfig(policy=policy, max_wait_s=0.0, max_queue_delay_s=float("inf"))
+    async with running_app((("sim", "sim"),), devices="sim:1,sim:0.25", sim_profile=FAST,
+                           balancer=config, workers="ray", frontends=1,
+                           ray_address=cluster) as (app, url):
+        locations = _locations(app, "sim")
+        assert len(set(locations)) == 2, locations  # one actor on each node
+        balancer = app.models.get("sim").balancer  # type: ignore[union-attr]
+        async with Load(url, 16) as load:
+            await load.until(lambda: sum(load.ok.values()) >= 600, 60)
+        assert load.answered() and not sum(load.failed.values())
+        return [replica.stats.num_samples for replica in balancer.replicas]
+
+
+async def test_least_work_sends_the_fast_node_more_work_than_round_robin(cluster: str) -> None:
+    fast, slow = await _samples_by_replica(cluster, Policy.LEAST_WORK)
+    assert fast >= 2 * slow, (fast, slow)  # by outstanding work: the 4x faster node takes more
+    fast_rr, slow_rr = await _samples_by_replica(cluster, Policy.ROUND_ROBIN)
+    assert abs(fast_rr - slow_rr) <= 0.1 * (fast_rr + slow_rr), (fast_rr, slow_rr)
+
+
+async def test_a_killed_actor_loses_no_request_and_is_replaced(cluster: str) -> None:
+    async with running_app((("sim", "sim"),), devices="sim:1,sim:1", sim_profile=FAST,
+                           workers="ray", frontends=1, ray_address=cluster) as (app, url):
+        replica = app.models.get("sim").balancer.replicas[0]  # type: ignore[union-attr]
+        worker: Any = replica.worker
+        first = worker.actor
+        async with Load(url, 8) as load:
+            await load.until(lambda: sum(load.ok.values()) >= 50, 30)
+            ray.kill(first, no_restart=True)
+            batches: list[int] = []
+
+            def back() -> bool:
+                if not (replica.healthy and replica.restarts and worker.actor is not first):
+                    return False
+                batches.append(replica.stats.num_batches)
+                return batches[-1] > batches[0] + 3
+
+            await load.until(back, 60)
+        assert load.answered()
+        assert sum(load.failed.values()) == 0, load.failed
