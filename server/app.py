@@ -11,6 +11,7 @@ import sys
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from typing import Any
 
 import grpc
 import torch
@@ -77,16 +78,30 @@ class App:
         self._nvml: NvmlSampler | None = None
         self._metrics: MetricsEndpoint | None = None
         self._pool: FrontendPool | None = None  # --frontends N > 1
+        self._follower: Any = None  # --workers ray without --devices: follows the cluster
         self.metrics_port = 0
 
     async def start(self) -> int:
         config = self.config
         torch.set_num_threads(config.cpu_threads)
         sys.setswitchinterval(config.gil_switch_interval_s)
-        devices = parse_devices(config.devices or default_devices())
+        follow = config.workers == "ray" and not config.devices
+        if follow:  # the devices are the Ray cluster's, as they come and go
+            from evenflow.server.workers import ray_cluster, ray_host
+
+            await asyncio.to_thread(ray_host.connect, config.ray_address)
+            devices = await asyncio.to_thread(ray_cluster.cluster_devices)
+            if not devices:
+                raise ValueError("the Ray cluster offers no GPU (nor evenflow_sim resource) "
+                                 "to serve on; name --devices, or add nodes")
+        else:
+            devices = parse_devices(config.devices or default_devices())
         # Set before loading, so that a failed start still closes what it built.
         self.manager = ModelManager(config, self.models, devices, on_health=self._health_changed)
         await self.manager.start()
+        if follow:
+            self._follower = ray_cluster.ClusterFollower(self.manager)
+            self._follower.start()
         if any(d.kind == "cuda" for d in devices):
             self._nvml = NvmlSampler.open()
             if self._nvml is not None:
@@ -233,6 +248,9 @@ class App:
             await self._pool.drain()
         await asyncio.gather(*self._health_updates)
         await self._health.enter_graceful_shutdown()
+        if self._follower is not None:
+            await self._follower.close()
+            self._follower = None
         if self.manager is not None:
             await self.manager.close(grace_s, abort)
             self.manager = None

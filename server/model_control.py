@@ -91,7 +91,7 @@ class ModelManager:
         self._config = config
         self._on_health = on_health
         self._table = table
-        self._devices = devices
+        self._devices = list(devices)
         self._entries = {m.name: ModelEntry(m) for m in config.model_configs()}
         self._lock = asyncio.Lock()
         self._ledger = DeviceLedger()  # models on the same device see each other's work
@@ -165,14 +165,58 @@ class ModelManager:
                 "--allow-any-model-source", ErrorCode.INVALID_ARGUMENT)
         return entry
 
+    @property
+    def devices(self) -> list[DeviceSpec]:
+        return list(self._devices)
+
+    def _spec(self, model: ModelConfig, group: tuple[DeviceSpec, ...]) -> WorkerSpec:
+        config = self._config
+        assert model.pipeline is not None  # resolved
+        return WorkerSpec(model_name=model.name, source=model.source, devices=group,
+                          builtins=config.builtins, pipeline=model.pipeline,
+                          dtype=config.dtype, cpu_threads=config.cpu_threads,
+                          inputs=model.inputs, outputs=model.outputs,
+                          log_level=config.log_level, log_format=config.log_format)
+
+    async def add_device(self, device: DeviceSpec) -> None:
+        """A device joined (a cluster node came up): every loaded model gets a replica on it
+        (single-device replicas only; pipelines keep the devices they were cut for)."""
+        async with self._lock:
+            self._devices.append(device)
+            for model in list(self._table):
+                config = self._entries[model.name].config
+                assert config.pipeline is not None
+                if config.pipeline.stages > 1:
+                    logger.warning("model %s: a pipeline gets no replica on joining device %s",
+                                   model.name, device.name)
+                    continue
+                (worker,) = await build_workers([self._spec(config, (device,))],
+                                                model.definition, self._config.workers,
+                                                self._config.ray_address)
+                model.balancer.add_replica(worker)
+                logger.info("model %s: replica on %s joined", model.name, device.name)
+
+    async def remove_device(self, name: str) -> None:
+        """A device left: its replicas leave routing, their queued work moves to the others,
+        their running batches finish (or, if the device is gone, re-run elsewhere)."""
+        async with self._lock:
+            self._devices = [d for d in self._devices if d.name != name]
+            for model in list(self._table):
+                for replica in [r for r in model.balancer.replicas
+                                if tuple(r.worker.devices) == (name,)]:
+                    await model.balancer.remove_replica(replica)
+                    await replica.worker.close()
+                    logger.info("model %s: replica on %s left", model.name, name)
+
+    def lost_devices(self) -> set[str]:
+        """Devices whose replicas are out of routing (a lost worker that has not come back)."""
+        return {device for model in self._table for replica in model.balancer.replicas
+                if not replica.healthy for device in replica.worker.devices}
+
     async def _build(self, model: ModelConfig) -> ServedModel:
         config = self._config
         assert model.pipeline is not None and model.balancer is not None  # resolved
-        specs = [WorkerSpec(model_name=model.name, source=model.source, devices=group,
-                            builtins=config.builtins, pipeline=model.pipeline,
-                            dtype=config.dtype, cpu_threads=config.cpu_threads,
-                            inputs=model.inputs, outputs=model.outputs,
-                            log_level=config.log_level, log_format=config.log_format)
+        specs = [self._spec(model, group)
                  for group in device_groups(self._devices, model.pipeline.stages)]
         definition = await asyncio.to_thread(load_spec_definition, specs[0])
         workers = await build_workers(specs, definition, config.workers, config.ray_address)

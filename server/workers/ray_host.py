@@ -8,7 +8,8 @@ back, cut per request here. Errors come back as values (``ipc.errors``); an acto
 (its node lost, its process killed) fails the call with Ray's actor errors, which become
 ``WorkerLost``: the replica re-runs the batch elsewhere and ``restart`` places a new actor.
 ``cuda`` actors ask Ray for one GPU (Ray sets CUDA_VISIBLE_DEVICES, so the actor uses its
-device 0); ``cpu`` and ``sim`` actors for one CPU each.
+device 0); ``cpu`` and ``sim`` actors for one CPU each (``sim`` ones also for one ``evenflow_sim``
+where the cluster offers that resource).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from evenflow.server.workers.hosts import WorkerSpec, build_thread_worker, load_
 
 logger = logging.getLogger(__name__)
 
+SIM_RESOURCE = "evenflow_sim"  # a node's simulated devices (test clusters, drills)
 _START_TIMEOUT_S = 300.0
 _STOP_TIMEOUT_S = 10.0
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
@@ -153,9 +155,14 @@ class RayWorker:
         return self._status
 
     def _options(self) -> dict[str, Any]:
-        gpus = sum(1 for d in self._spec.devices if d.kind == "cuda")
-        return {"num_gpus": gpus, "num_cpus": 0 if gpus else 1, "max_restarts": 0,
-                "name": None}
+        devices = self._spec.devices
+        gpus = sum(1 for d in devices if d.kind == "cuda")
+        options: dict[str, Any] = {"num_gpus": gpus, "num_cpus": 0 if gpus else 1,
+                                   "max_restarts": 0}
+        sims = sum(1 for d in devices if d.kind == "sim")
+        if sims and ray.cluster_resources().get(SIM_RESOURCE, 0) > 0:
+            options["resources"] = {SIM_RESOURCE: sims}  # the cluster says where sims go
+        return options
 
     async def start(self) -> None:
         """Place the actor and wait until its worker is built; raises what building raised."""

@@ -8,6 +8,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,23 +25,25 @@ from tests.integration.test_infer import mlp_reference
 
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
+SIM_RESOURCE = "evenflow_sim"  # a node's simulated devices, as the server reads them
 
 pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
+def cluster() -> Iterator[Any]:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     nodes = cluster_utils.Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "node_ip_address": "127.0.0.1"})
-    nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+        "num_cpus": 1, "resources": {SIM_RESOURCE: 1}, "include_dashboard": False,
+        "node_ip_address": "127.0.0.1"})
+    nodes.add_node(num_cpus=1, resources={SIM_RESOURCE: 1}, node_ip_address="127.0.0.1")
     ray.init(address=nodes.address, configure_logging=False)
     try:
         addresses = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
         if addresses != {"127.0.0.1"}:  # tests never listen beyond loopback
             pytest.fail(f"Ray nodes bound {addresses}, not 127.0.0.1 only")
         nodes.wait_for_nodes()
-        yield nodes.address
+        yield nodes
     finally:
         ray.shutdown()
         nodes.shutdown()
@@ -52,9 +55,9 @@ def _locations(app: App, model: str) -> list[str]:
 
 
 async def test_tritonclient_results_are_bit_exact_through_ray_actors(
-        cluster: str, tmp_path: Path) -> None:
+        cluster: Any, tmp_path: Path) -> None:
     async with running_app((("mlp", "mlp"),), devices="cpu", workers="ray", frontends=1,
-                           ray_address=cluster) as (app, url):
+                           ray_address=cluster.address) as (app, url):
         assert _locations(app, "mlp")[0].startswith("node ")
         out = tmp_path / "triton.npz"
         probe = await asyncio.to_thread(
@@ -67,11 +70,11 @@ async def test_tritonclient_results_are_bit_exact_through_ray_actors(
         np.testing.assert_array_equal(y, mlp_reference(x), err_msg=case)  # bit for bit
 
 
-async def _samples_by_replica(cluster: str, policy: Policy) -> list[int]:
+async def _samples_by_replica(cluster: Any, policy: Policy) -> list[int]:
     config = BalancerConfig(policy=policy, max_wait_s=0.0, max_queue_delay_s=float("inf"))
     async with running_app((("sim", "sim"),), devices="sim:1,sim:0.25", sim_profile=FAST,
                            balancer=config, workers="ray", frontends=1,
-                           ray_address=cluster) as (app, url):
+                           ray_address=cluster.address) as (app, url):
         locations = _locations(app, "sim")
         assert len(set(locations)) == 2, locations  # one actor on each node
         balancer = app.models.get("sim").balancer  # type: ignore[union-attr]
@@ -81,16 +84,16 @@ async def _samples_by_replica(cluster: str, policy: Policy) -> list[int]:
         return [replica.stats.num_samples for replica in balancer.replicas]
 
 
-async def test_least_work_sends_the_fast_node_more_work_than_round_robin(cluster: str) -> None:
+async def test_least_work_sends_the_fast_node_more_work_than_round_robin(cluster: Any) -> None:
     fast, slow = await _samples_by_replica(cluster, Policy.LEAST_WORK)
     assert fast >= 2 * slow, (fast, slow)  # by outstanding work: the 4x faster node takes more
     fast_rr, slow_rr = await _samples_by_replica(cluster, Policy.ROUND_ROBIN)
     assert abs(fast_rr - slow_rr) <= 0.1 * (fast_rr + slow_rr), (fast_rr, slow_rr)
 
 
-async def test_a_killed_actor_loses_no_request_and_is_replaced(cluster: str) -> None:
+async def test_a_killed_actor_loses_no_request_and_is_replaced(cluster: Any) -> None:
     async with running_app((("sim", "sim"),), devices="sim:1,sim:1", sim_profile=FAST,
-                           workers="ray", frontends=1, ray_address=cluster) as (app, url):
+                           workers="ray", frontends=1, ray_address=cluster.address) as (app, url):
         replica = app.models.get("sim").balancer.replicas[0]  # type: ignore[union-attr]
         worker: Any = replica.worker
         first = worker.actor
@@ -108,3 +111,29 @@ async def test_a_killed_actor_loses_no_request_and_is_replaced(cluster: str) -> 
             await load.until(back, 60)
         assert load.answered()
         assert sum(load.failed.values()) == 0, load.failed
+
+
+async def test_devices_follow_the_cluster_as_nodes_join_and_leave(cluster: Any) -> None:
+    """No --devices: a sim device per node's evenflow_sim; a node that joins gets work within
+    5 s; one that leaves is drained away, and no request is lost."""
+    async with running_app((("sim", "sim"),), devices="", sim_profile=FAST, workers="ray",
+                           frontends=1, ray_address=cluster.address) as (app, url):
+        balancer = app.models.get("sim").balancer  # type: ignore[union-attr]
+        assert len(balancer.replicas) == 2
+        async with Load(url, 8) as load:
+            await load.until(lambda: sum(load.ok.values()) >= 50, 30)
+            joined_at_s = time.monotonic()
+            node = await asyncio.to_thread(cluster.add_node, num_cpus=1,
+                                           resources={SIM_RESOURCE: 1},
+                                           node_ip_address="127.0.0.1")
+            await load.until(lambda: len(balancer.replicas) == 3
+                             and balancer.replicas[2].stats.num_batches > 0, 30)
+            took_s = time.monotonic() - joined_at_s
+            await asyncio.to_thread(cluster.remove_node, node)
+            await load.until(lambda: len(balancer.replicas) == 2
+                             and all(r.healthy for r in balancer.replicas), 30)
+            ok_after = sum(load.ok.values())
+            await load.until(lambda: sum(load.ok.values()) >= ok_after + 50, 30)
+        assert load.answered()
+        assert sum(load.failed.values()) == 0, load.failed
+        assert took_s < 5.0, f"the joining node got work {took_s:.1f} s after it was added"
