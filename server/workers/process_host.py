@@ -47,6 +47,9 @@ class ProcessWorker:
         self._spec_bytes = msgspec.msgpack.encode(spec)
         self._name = spec.name
         self._devices = tuple(d.name for d in spec.devices)
+        # One batch at a time (a pipeline: one per stage and one at the door): a hop here
+        # costs ~0.2 ms, less than what a second batch in flight would give up (it could no
+        # longer be dropped at its deadline, cancelled, stolen or bound late).
         self._max_in_flight = len(spec.devices) + 1 if len(spec.devices) > 1 else 1
         self._status = WorkerStatus()
         self._ids = itertools.count()

@@ -129,7 +129,12 @@ class RayWorker:
         self._spec_bytes = msgspec.msgpack.encode(spec)
         self._name = spec.name
         self._devices = tuple(d.name for d in spec.devices)
-        self._max_in_flight = len(spec.devices) + 1 if len(spec.devices) > 1 else 1
+        # One batch more than the devices: the next one crosses (a call costs milliseconds)
+        # while the current one runs; the actor runs them one after another. The price: a
+        # request in that second batch is committed (no longer dropped at its deadline,
+        # cancelled, stolen or bound late). Measured: 0.84 -> 1.01 of thread workers'
+        # samples/s with 8-sample requests (benchmarks.ray_backend).
+        self._max_in_flight = len(spec.devices) + 1
         self._status = WorkerStatus()
         self._actor: Any = None
         self._closed = False
