@@ -15,7 +15,6 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -31,7 +30,7 @@ import zmq.asyncio
 from evenflow.balancer import EvenflowError, InvalidRequest
 from evenflow.server import shapes
 from evenflow.server.datatypes import WIRE_TYPES
-from evenflow.server.ipc import arrays
+from evenflow.server.ipc import arrays, child
 from evenflow.server.ipc import frontend_messages as msg
 from evenflow.server.ipc.errors import to_wire
 from evenflow.server.metrics import FrontendState
@@ -137,16 +136,11 @@ class FrontendPool:
 
     async def _launch(self, frontend: _Frontend) -> None:
         """Start the front-end's process and wait for its hello (it then serves the port)."""
-        settings = msgspec.msgpack.encode(self._settings(frontend.index, self._address,
-                                                         self.port))
         frontend.hello = asyncio.get_running_loop().create_future()
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "evenflow.server.frontend_process",
-            stdin=asyncio.subprocess.PIPE)
-        assert process.stdin is not None
-        process.stdin.write(len(settings).to_bytes(4, "little") + settings)
+        process = await child.spawn(
+            "evenflow.server.frontend_process",
+            settings=self._settings(frontend.index, self._address, self.port))
         frontend.process = process
-        await process.stdin.drain()
         exited = asyncio.ensure_future(process.wait())
         waits: set[asyncio.Future[Any]] = {frontend.hello, exited}
         try:

@@ -11,7 +11,6 @@ closes (the engine died)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import itertools
 import logging
@@ -43,7 +42,7 @@ from evenflow.server.edge import (
     refuse_until_quiet,
 )
 from evenflow.server.frontend_pool import FrontendSettings
-from evenflow.server.ipc import arrays
+from evenflow.server.ipc import arrays, child
 from evenflow.server.ipc import frontend_messages as msg
 from evenflow.server.ipc.errors import from_wire
 from evenflow.server.logs import configure_logging
@@ -266,24 +265,9 @@ def _build_server(settings: FrontendSettings, edge: FrontendServicer, link: Engi
     return server
 
 
-def _watch_stdin(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
-    """Set when stdin ends: the engine, which holds its other end, is gone."""
-    gone = asyncio.Event()
-
-    def on_stdin() -> None:
-        with contextlib.suppress(OSError):
-            if os.read(0, 4096):
-                return
-        loop.remove_reader(0)
-        gone.set()
-
-    loop.add_reader(0, on_stdin)
-    return gone
-
-
 async def _serve(settings: FrontendSettings) -> None:
     identity = f"frontend {settings.index} pid {os.getpid()}"
-    engine_gone = _watch_stdin(asyncio.get_running_loop())
+    engine_gone = child.watch_parent(asyncio.get_running_loop())
     dealer = _connect(settings)
     link = EngineLink(dealer)
     receiver = asyncio.create_task(link.receive(), name="engine:receive")
@@ -334,21 +318,10 @@ async def _serve(settings: FrontendSettings) -> None:
     dealer.close(linger=0)
 
 
-def _read_exactly(size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = os.read(0, size - len(data))
-        if not chunk:
-            raise EOFError("stdin closed before the settings arrived")
-        data += chunk
-    return data
-
-
 def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    size = int.from_bytes(_read_exactly(4), "little")
-    settings = msgspec.msgpack.decode(_read_exactly(size), type=FrontendSettings)
+    settings = child.read_settings(FrontendSettings)
     configure_logging(settings.log_level, settings.log_format)
     sys.setswitchinterval(settings.gil_switch_interval_s)
     try:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from evenflow.balancer import Worker
+from evenflow.balancer import Worker, WorkerStatus
 from evenflow.server.config import DTYPES, WORKER_HOSTS, PipelineConfig
 from evenflow.server.models.repository import BuiltinOptions, load_definition
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
@@ -43,6 +44,34 @@ class WorkerSpec:
     @property
     def name(self) -> str:
         return f"{self.model_name}@{'+'.join(d.name for d in self.devices)}"
+
+
+class HostedWorker:
+    """What a worker run elsewhere (a worker process, a Ray actor) knows of itself without
+    asking: its spec's name and devices, how many batches it takes at once, and the status its
+    last answer carried."""
+
+    def __init__(self, spec: WorkerSpec, max_in_flight: int) -> None:
+        self._spec = spec
+        self._name = spec.name
+        self._devices = tuple(d.name for d in spec.devices)
+        self._max_in_flight = max_in_flight
+        self._status = WorkerStatus()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def devices(self) -> Sequence[str]:
+        return self._devices
+
+    @property
+    def max_in_flight(self) -> int:
+        return self._max_in_flight
+
+    def status(self) -> WorkerStatus:
+        return self._status
 
 
 def device_groups(devices: list[DeviceSpec], stages: int) -> list[tuple[DeviceSpec, ...]]:

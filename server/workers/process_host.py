@@ -19,21 +19,19 @@ import dataclasses
 import itertools
 import logging
 import os
-import sys
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from evenflow.balancer.errors import BatchFailed, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
-from evenflow.server.ipc import arrays
+from evenflow.server.ipc import arrays, child
 from evenflow.server.ipc import worker_messages as msg
 from evenflow.server.ipc.errors import from_wire
-from evenflow.server.workers.hosts import WorkerSpec
+from evenflow.server.workers.hosts import HostedWorker, WorkerSpec
 
 logger = logging.getLogger(__name__)
 
@@ -41,35 +39,19 @@ _START_TIMEOUT_S = 300.0  # loading a model and initialising CUDA can take minut
 _STOP_TIMEOUT_S = 10.0
 
 
-class ProcessWorker:
+class ProcessWorker(HostedWorker):
     def __init__(self, spec: WorkerSpec) -> None:
-        self._spec = spec
-        self._spec_bytes = msgspec.msgpack.encode(spec)
-        self._name = spec.name
-        self._devices = tuple(d.name for d in spec.devices)
         # One batch at a time (a pipeline: one per stage and one at the door): a hop here
         # costs ~0.2 ms, less than what a second batch in flight would give up (it could no
         # longer be dropped at its deadline, cancelled, stolen or bound late).
-        self._max_in_flight = len(spec.devices) + 1 if len(spec.devices) > 1 else 1
-        self._status = WorkerStatus()
+        n = len(spec.devices)
+        super().__init__(spec, n + 1 if n > 1 else 1)
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._process: asyncio.subprocess.Process | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def devices(self) -> Sequence[str]:
-        return self._devices
-
-    @property
-    def max_in_flight(self) -> int:
-        return self._max_in_flight
 
     @property
     def pid(self) -> int | None:
@@ -86,14 +68,10 @@ class ProcessWorker:
         socket = zmq.asyncio.Context.instance().socket(zmq.PAIR)
         socket.setsockopt(zmq.LINGER, 0)
         socket.bind(address)
-        process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "evenflow.server.workers.worker_main", address,
-            stdin=asyncio.subprocess.PIPE)
-        assert process.stdin is not None
-        process.stdin.write(len(self._spec_bytes).to_bytes(4, "little") + self._spec_bytes)
+        process = await child.spawn("evenflow.server.workers.worker_main", address,
+                                    settings=self._spec)
         self._process, self._socket = process, socket
         try:
-            await process.stdin.drain()
             ready = await self._wait_ready(process, socket)
         except BaseException:
             await self._kill()

@@ -7,7 +7,6 @@ gone)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 import math
@@ -17,28 +16,17 @@ import sys
 import time
 from typing import Any
 
-import msgspec
 import zmq
 import zmq.asyncio
 
 from evenflow.balancer import Job, Worker
-from evenflow.server.ipc import arrays
+from evenflow.server.ipc import arrays, child
 from evenflow.server.ipc import worker_messages as msg
 from evenflow.server.ipc.errors import to_wire
 from evenflow.server.logs import configure_logging
 from evenflow.server.workers.hosts import WorkerSpec, build_thread_worker, load_spec_definition
 
 logger = logging.getLogger(__name__)
-
-
-def _read_exactly(fd: int, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            raise EOFError("the engine closed the worker's stdin before sending its spec")
-        data += chunk
-    return data
 
 
 def _status(worker: Worker) -> msg.Status:
@@ -124,17 +112,7 @@ async def _main(spec: WorkerSpec, address: str) -> None:
     socket = zmq.asyncio.Context.instance().socket(zmq.PAIR)
     socket.setsockopt(zmq.LINGER, 1000)
     socket.connect(address)
-    loop = asyncio.get_running_loop()
-    engine_gone = asyncio.Event()
-
-    def on_stdin() -> None:
-        with contextlib.suppress(OSError):
-            if os.read(0, 4096):
-                return
-        loop.remove_reader(0)
-        engine_gone.set()
-
-    loop.add_reader(0, on_stdin)
+    engine_gone = child.watch_parent(asyncio.get_running_loop())
     started_s = time.perf_counter()
     try:
         worker = await asyncio.to_thread(
@@ -161,8 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     # The engine decides when this process stops (Ctrl-C reaches the whole process group).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    size = int.from_bytes(_read_exactly(0, 4), "little")
-    spec = msgspec.msgpack.decode(_read_exactly(0, size), type=WorkerSpec)
+    spec = child.read_settings(WorkerSpec)
     configure_logging(spec.log_level, spec.log_format)
     run: Any
     try:

@@ -1,0 +1,59 @@
+"""evenflow's child processes (front-ends, worker processes) and the engine that starts them:
+a child runs ``python -m MODULE`` (exec'd: nothing of the parent's gRPC or CUDA state is
+inherited), reads its settings from stdin (4-byte length, then msgpack), and takes the end of
+stdin, whose other end only the parent holds, as the parent's death."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from typing import TypeVar
+
+import msgspec
+
+T = TypeVar("T")
+
+
+async def spawn(module: str, *args: str, settings: object) -> asyncio.subprocess.Process:
+    """Start ``python -m module args`` with ``settings`` on its stdin (kept open)."""
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args,
+                                                   stdin=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+    encoded = msgspec.msgpack.encode(settings)
+    process.stdin.write(len(encoded).to_bytes(4, "little") + encoded)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # died at once: wait()
+        await process.stdin.drain()
+    return process
+
+
+def _read_exactly(size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = os.read(0, size - len(data))
+        if not chunk:
+            raise EOFError("stdin closed before the settings arrived")
+        data += chunk
+    return data
+
+
+def read_settings(kind: type[T]) -> T:
+    """In the child: the settings its parent wrote."""
+    size = int.from_bytes(_read_exactly(4), "little")
+    return msgspec.msgpack.decode(_read_exactly(size), type=kind)
+
+
+def watch_parent(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+    """In the child: an event set when stdin ends (the parent is gone)."""
+    gone = asyncio.Event()
+
+    def on_stdin() -> None:
+        with contextlib.suppress(OSError):
+            if os.read(0, 4096):
+                return
+        loop.remove_reader(0)
+        gone.set()
+
+    loop.add_reader(0, on_stdin)
+    return gone
