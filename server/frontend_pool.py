@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 import os
 import socket
@@ -20,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import numpy as np
@@ -33,6 +32,7 @@ from evenflow.server.datatypes import WIRE_TYPES
 from evenflow.server.ipc import arrays, child
 from evenflow.server.ipc import frontend_messages as msg
 from evenflow.server.ipc.errors import to_wire
+from evenflow.server.ipc.loop_socket import LoopSocket
 from evenflow.server.metrics import FrontendState
 from evenflow.server.proxied_calls import ProxiedCalls
 from evenflow.server.served import ModelTable, ServedModel
@@ -98,7 +98,7 @@ class FrontendPool:
         self._host, self._requested_port = host, port
         self._frontends = [_Frontend(i) for i in range(count)]
         self._by_identity: dict[bytes, _Frontend] = {}
-        self._socket: zmq.asyncio.Socket | None = None
+        self._socket: LoopSocket | None = None
         self._address = f"ipc://@evenflow-engine-{os.getpid()}-{uuid.uuid4().hex}"
         self._port_holder: socket.socket | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -119,13 +119,10 @@ class FrontendPool:
         """Open the engine's socket (at ``address``, else a private one) and serve it; returns
         the address. ``start`` calls it; a benchmark's stub front-ends connect to it alone."""
         self._address = address or self._address
-        router = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        router: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.ROUTER)
         router.setsockopt(zmq.LINGER, 0)
-        router.setsockopt(zmq.SNDHWM, 0)
-        router.setsockopt(zmq.RCVHWM, 0)
         router.bind(self._address)
-        self._socket = router
-        self._spawn_task(self._receive(router), "frontends:receive")
+        self._socket = LoopSocket(router, asyncio.get_running_loop(), self._receive)
         return self._address
 
     def _spawn_task(self, coroutine: Any, name: str) -> asyncio.Task[Any]:
@@ -196,32 +193,29 @@ class FrontendPool:
 
     # --- messages from the front-ends ---
 
-    async def _receive(self, router: zmq.asyncio.Socket) -> None:
-        for count in itertools.count(1):
-            if count % arrays.YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            identity, header, *frames = await router.recv_multipart()
-            try:
-                message = msg.to_engine.decode(header)
-            except msgspec.DecodeError:
-                logger.exception("undecodable message from front-end %r", identity)
-                continue
-            if isinstance(message, msg.Infer):
-                self._infer(identity, message, frames)
-            elif isinstance(message, msg.Cancel):
-                frontend = self._by_identity.get(identity)
-                future = frontend.in_flight.pop(message.id, None) if frontend else None
-                if future is not None:
-                    future.cancel()
-            elif isinstance(message, msg.Call):
-                self._spawn_task(self._call(identity, message, frames[0] if frames else b""),
-                                 "frontends:call")
-            elif isinstance(message, msg.Failed):
-                self.failures[message.model, message.code] += 1
-            elif isinstance(message, msg.Sync):
-                self._send(identity, self._models_message(message.id))
-            elif isinstance(message, msg.Hello):
-                self._hello(identity, message)
+    def _receive(self, parts: list[bytes]) -> None:
+        identity, header, *frames = parts
+        try:
+            message = msg.to_engine.decode(header)
+        except msgspec.DecodeError:
+            logger.exception("undecodable message from front-end %r", identity)
+            return
+        if isinstance(message, msg.Infer):
+            self._infer(identity, message, frames)
+        elif isinstance(message, msg.Cancel):
+            frontend = self._by_identity.get(identity)
+            future = frontend.in_flight.pop(message.id, None) if frontend else None
+            if future is not None:
+                future.cancel()
+        elif isinstance(message, msg.Call):
+            self._spawn_task(self._call(identity, message, frames[0] if frames else b""),
+                             "frontends:call")
+        elif isinstance(message, msg.Failed):
+            self.failures[message.model, message.code] += 1
+        elif isinstance(message, msg.Sync):
+            self._send(identity, self._models_message(message.id))
+        elif isinstance(message, msg.Hello):
+            self._hello(identity, message)
 
     def _hello(self, identity: bytes, hello: msg.Hello) -> None:
         frontend = self._frontends[hello.index]
@@ -274,8 +268,7 @@ class FrontendPool:
         parts: list[object] = [identity, msg.encoder.encode(message)]
         if frames:
             parts.extend(frames)
-        sent = self._socket.send_multipart(parts, copy=False)
-        cast(asyncio.Future[Any], sent).add_done_callback(_log_send_error)
+        self._socket.send(parts, arrays.by_reference(frames or ()))
 
     # --- what the engine tells them ---
 
@@ -320,7 +313,7 @@ class FrontendPool:
         for fe in self._frontends:
             fe.process = None
         if self._socket is not None:
-            self._socket.close(linger=0)
+            self._socket.close()
             self._socket = None
         if self._port_holder is not None:
             self._port_holder.close()
@@ -347,8 +340,3 @@ def _checked_inputs(model: ServedModel, inputs: list[np.ndarray]) -> list[np.nda
             raise InvalidRequest(f"input {spec.name!r} no longer matches model "
                                  f"{model.name!r}: expected {spec.datatype} {list(spec.shape)}")
     return inputs
-
-
-def _log_send_error(sent: asyncio.Future[Any]) -> None:
-    if not sent.cancelled() and sent.exception() is not None:
-        logger.error("could not send to a front-end: %s", sent.exception())

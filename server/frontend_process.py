@@ -76,7 +76,7 @@ class EngineLink:
         parts: list[object] = [msg.encoder.encode(message)]
         if frames:
             parts.extend(frames)
-        self._socket.send_multipart(parts, copy=False)
+        self._socket.send_multipart(parts, copy=not arrays.by_reference(frames or ()))
 
     def request(self) -> tuple[int, asyncio.Future[Any]]:
         request_id = next(self._ids)

@@ -118,7 +118,8 @@ class ProcessWorker(HostedWorker):
         sizes = [job.num_samples for job in jobs]
         header = msg.encoder.encode(msg.RunBatch(id=batch_id, sizes=sizes, arrays=metas))
         try:
-            await socket.send_multipart([header, *frames], copy=False)
+            await socket.send_multipart([header, *frames],
+                                        copy=not arrays.by_reference(frames))
             done, outputs = await future
         finally:
             self._pending.pop(batch_id, None)

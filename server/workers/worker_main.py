@@ -90,7 +90,8 @@ class _Server:
             id=batch.id, timing_s=(timing.copy_in_s, timing.compute_s, timing.copy_out_s),
             cpu_s=(cpu.copy_in_s, cpu.compute_s, cpu.copy_out_s) if cpu is not None else None,
             arrays=metas, status=_status(self._worker)))
-        await self._socket.send_multipart([header, *out_frames], copy=False)
+        await self._socket.send_multipart([header, *out_frames],
+                                          copy=not arrays.by_reference(out_frames))
 
     async def _control(self, control: msg.Control) -> None:
         done: msg.ControlDone
