@@ -98,17 +98,25 @@ async def _stub(address: str, engine_pid: int, seconds: float, window: int) -> R
             await socket.send_multipart([headers[sent % ids], *payload], copy=False)
             sent += 1
 
+    def replies(parts: list[bytes]) -> list[msg.ToFrontend]:
+        header = msg.to_frontend.decode(parts[0])
+        if not isinstance(header, msg.Bundle):
+            return [header]
+        starts = [1 + sum(header.parts[:i]) for i in range(len(header.parts))]
+        return [msg.to_frontend.decode(parts[start]) for start in starts]
+
     await send(window)
-    for _ in range(window * 4):  # warm-up
-        await socket.recv_multipart()
-        await send(1)
+    warm = 0
+    while warm < window * 4:
+        got = replies(await socket.recv_multipart())
+        warm += len(got)
+        await send(len(got))
     cpu_before_s, started_s = _cpu_s(engine_pid), time.monotonic()
     while time.monotonic() - started_s < seconds:
-        parts = await socket.recv_multipart()
-        answer = msg.to_frontend.decode(parts[0])
-        answered += isinstance(answer, msg.Answer)
-        refused += isinstance(answer, msg.Refused)
-        await send(1)
+        got = replies(await socket.recv_multipart())
+        answered += sum(isinstance(r, msg.Answer) for r in got)
+        refused += sum(isinstance(r, msg.Refused) for r in got)
+        await send(len(got))
     elapsed_s = time.monotonic() - started_s
     cpu_s = _cpu_s(engine_pid) - cpu_before_s
     socket.close()

@@ -104,6 +104,8 @@ class FrontendPool:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._serving = True
+        self._outbox: dict[bytes, list[list[object]]] = {}  # sent once per loop turn
+        self._flush_scheduled = False
         self.port = 0
         self.failures: Counter[tuple[str, str]] = Counter()  # failed in the front-ends
 
@@ -263,12 +265,30 @@ class FrontendPool:
 
     def _send(self, identity: bytes, message: msgspec.Struct,
               frames: list[object] | None = None) -> None:
+        """Queue ``message`` for the front-end; what is queued goes at the end of this loop
+        turn, in one ZeroMQ message (a Bundle when there are several: a batch's answers cost
+        one send, measured as the engine's largest cost per request)."""
+        outbox = self._outbox.get(identity)
+        if outbox is None:
+            outbox = self._outbox[identity] = []
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+        outbox.append([msg.encoder.encode(message), *(frames or ())])
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        outboxes, self._outbox = self._outbox, {}
         if self._socket is None:
             return
-        parts: list[object] = [identity, msg.encoder.encode(message)]
-        if frames:
-            parts.extend(frames)
-        self._socket.send(parts, arrays.by_reference(frames or ()))
+        for identity, messages in outboxes.items():
+            if len(messages) == 1:
+                parts = messages[0]
+            else:
+                parts = [msg.encoder.encode(msg.Bundle([len(m) for m in messages]))]
+                for message in messages:
+                    parts.extend(message)
+            self._socket.send([identity, *parts], arrays.by_reference(parts[1:]))
 
     # --- what the engine tells them ---
 

@@ -116,26 +116,36 @@ class EngineLink:
                 await asyncio.sleep(0)
             header, *frames = await self._socket.recv_multipart()
             message = msg.to_frontend.decode(header)
-            if isinstance(message, msg.Answer):
-                self._resolve(message.id, arrays.unpack(message.arrays, frames))
-            elif isinstance(message, msg.Refused):
-                future = self._pending.get(message.id)
-                if future is not None and not future.done():
-                    future.set_exception(from_wire(message.error))
-            elif isinstance(message, msg.Reply):
-                self._resolve(message.id, (message.code, message.details,
-                                           frames[0] if frames else b""))
-            elif isinstance(message, msg.Models):
-                self.models = {m.name: RemoteModel(m, self) for m in message.models}
-                self._health(message.serving)
-                self.synced.set()
-                self._resolve(message.id, None)
-            elif isinstance(message, msg.Health):
-                self._health(message.serving)
-            elif isinstance(message, msg.Drain):
-                self.drain.set()
-            elif isinstance(message, msg.Stop):
-                self.stop.set()
+            if isinstance(message, msg.Bundle):
+                start = 0
+                for size in message.parts:
+                    self._dispatch(msg.to_frontend.decode(frames[start]),
+                                   frames[start + 1:start + size])
+                    start += size
+            else:
+                self._dispatch(message, frames)
+
+    def _dispatch(self, message: msg.ToFrontend, frames: list[bytes]) -> None:
+        if isinstance(message, msg.Answer):
+            self._resolve(message.id, arrays.unpack(message.arrays, frames))
+        elif isinstance(message, msg.Refused):
+            future = self._pending.get(message.id)
+            if future is not None and not future.done():
+                future.set_exception(from_wire(message.error))
+        elif isinstance(message, msg.Reply):
+            self._resolve(message.id, (message.code, message.details,
+                                       frames[0] if frames else b""))
+        elif isinstance(message, msg.Models):
+            self.models = {m.name: RemoteModel(m, self) for m in message.models}
+            self._health(message.serving)
+            self.synced.set()
+            self._resolve(message.id, None)
+        elif isinstance(message, msg.Health):
+            self._health(message.serving)
+        elif isinstance(message, msg.Drain):
+            self.drain.set()
+        elif isinstance(message, msg.Stop):
+            self.stop.set()
 
     def _resolve(self, request_id: int, value: Any) -> None:
         future = self._pending.get(request_id)

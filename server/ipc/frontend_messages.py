@@ -107,7 +107,15 @@ class Stop(msgspec.Struct, tag=True, array_like=True, frozen=True):
 
 
 ToEngine = Hello | Infer | Cancel | Call | Failed | Sync
-ToFrontend = Models | Health | Answer | Refused | Reply | Drain | Stop
+class Bundle(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """Several messages in one: ``parts[i]`` is how many of the frames that follow make up
+    message ``i`` (its header, then its own frames). The engine sends what it has for a
+    front-end once per loop turn: a batch's answers cost one send, not one each."""
+
+    parts: list[int]
+
+
+ToFrontend = Models | Health | Answer | Refused | Reply | Drain | Stop | Bundle
 
 encoder = msgspec.msgpack.Encoder()
 to_engine = msgspec.msgpack.Decoder(ToEngine)
