@@ -80,7 +80,8 @@ async def _stub(address: str, engine_pid: int, seconds: float, window: int) -> R
     socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.connect(address)
-    await socket.send_multipart([msg.encoder.encode(msg.Hello(0, os.getpid()))])
+    await socket.send_multipart([msg.encoder.encode(msg.Hello(0, os.getpid(),
+                                                              listening=False))])
     msg.to_frontend.decode((await socket.recv_multipart())[0])  # the models
     metas: list[arrays.ArrayMeta] = []
     frames: list[object] = []

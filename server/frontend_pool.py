@@ -223,14 +223,15 @@ class FrontendPool:
         frontend = self._frontends[hello.index]
         frontend.identity = identity
         self._by_identity[identity] = frontend
-        self._send(identity, self._models_message())
-        if frontend.hello is not None and not frontend.hello.done():
+        if not hello.listening:
+            self._send(identity, self._models_message())
+        elif frontend.hello is not None and not frontend.hello.done():
             frontend.hello.set_result(None)
 
     def _infer(self, identity: bytes, request: msg.Infer, frames: list[bytes]) -> None:
         frontend = self._by_identity.get(identity)
         if frontend is None:
-            return  # a front-end that is gone (or not yet said hello)
+            return  # a front-end that is gone
         try:
             model = self._models.get(request.model, request.version)
             inputs = _checked_inputs(model, arrays.unpack(request.arrays, frames))

@@ -299,11 +299,12 @@ async def _serve(settings: FrontendSettings) -> None:
             task.add_done_callback(health_updates.discard)
 
     link.on_health = on_health
+    link.send(msg.Hello(settings.index, os.getpid(), listening=False))
+    await link.synced.wait()  # the engine knows this front-end, and it knows the models
     server = _build_server(settings, edge, link, health_servicer)
     await server.start()
-    link.send(msg.Hello(settings.index, os.getpid()))
-    await link.synced.wait()
     edge.ready = True
+    link.send(msg.Hello(settings.index, os.getpid(), listening=True))
     gc.collect()
     gc.freeze()
 

@@ -26,10 +26,13 @@ class EdgeModel(msgspec.Struct, array_like=True, frozen=True):
 
 # front-end -> engine
 class Hello(msgspec.Struct, tag=True, array_like=True, frozen=True):
-    """The front-end serves on the port; it wants the models and the health."""
+    """Sent twice: first (``listening`` false) so that the engine knows this front-end before
+    any request of its arrives, and it wants the models and the health; then once it serves
+    the port."""
 
     index: int
     pid: int
+    listening: bool = True
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True, frozen=True):

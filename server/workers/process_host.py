@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from evenflow.balancer.errors import BatchFailed, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
 from evenflow.server.ipc import arrays, child
 from evenflow.server.ipc import worker_messages as msg
 from evenflow.server.ipc.errors import from_wire
+from evenflow.server.ipc.loop_socket import LoopSocket
 from evenflow.server.workers.hosts import HostedWorker, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,8 @@ class ProcessWorker(HostedWorker):
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._process: asyncio.subprocess.Process | None = None
-        self._socket: zmq.asyncio.Socket | None = None
+        self._socket: LoopSocket | None = None
+        self._first: asyncio.Future[Any] | None = None  # the process's Ready (or StartFailed)
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
 
@@ -65,34 +66,34 @@ class ProcessWorker(HostedWorker):
     async def start(self) -> None:
         """Start the process and wait until its worker is built; raises what building raised."""
         address = f"ipc://@evenflow-{os.getpid()}-{uuid.uuid4().hex}"
-        socket = zmq.asyncio.Context.instance().socket(zmq.PAIR)
-        socket.setsockopt(zmq.LINGER, 0)
-        socket.bind(address)
+        pair: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.bind(address)
+        loop = asyncio.get_running_loop()
+        self._first = loop.create_future()
+        self._socket = LoopSocket(pair, loop, self._receive)
         process = await child.spawn("evenflow.server.workers.worker_main", address,
                                     settings=self._spec)
-        self._process, self._socket = process, socket
+        self._process = process
         try:
-            ready = await self._wait_ready(process, socket)
+            ready = await self._wait_ready(process, self._first)
         except BaseException:
             await self._kill()
             raise
         self._status = _status(ready.status)
-        self._tasks = [asyncio.create_task(self._read(socket), name=f"read:{self._name}"),
-                       asyncio.create_task(self._watch(process), name=f"watch:{self._name}")]
+        self._tasks = [asyncio.create_task(self._watch(process), name=f"watch:{self._name}")]
         logger.info("worker %s: process %d ready", self._name, process.pid)
 
     async def _wait_ready(self, process: asyncio.subprocess.Process,
-                          socket: zmq.asyncio.Socket) -> msg.Ready:
-        first = asyncio.ensure_future(socket.recv_multipart())
+                          first: asyncio.Future[Any]) -> msg.Ready:
         exited = asyncio.ensure_future(process.wait())
         try:
             done, _ = await asyncio.wait({first, exited}, timeout=_START_TIMEOUT_S,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for waiting in (first, exited):
-                waiting.cancel()
+            exited.cancel()
         if first in done:
-            message = msg.from_worker.decode(first.result()[0])
+            message = first.result()
             if isinstance(message, msg.Ready):
                 return message
             if isinstance(message, msg.StartFailed):
@@ -109,6 +110,7 @@ class ProcessWorker(HostedWorker):
         socket = self._socket
         if socket is None or self._process is None or self._process.returncode is not None:
             raise WorkerLost(f"worker {self._name}: its process is not running")
+        assert socket is not None
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
         arrays.pack(arrays.join_jobs([job.payload for job in jobs]), metas, frames)
@@ -118,8 +120,7 @@ class ProcessWorker(HostedWorker):
         sizes = [job.num_samples for job in jobs]
         header = msg.encoder.encode(msg.RunBatch(id=batch_id, sizes=sizes, arrays=metas))
         try:
-            await socket.send_multipart([header, *frames],
-                                        copy=not arrays.by_reference(frames))
+            socket.send([header, *frames], arrays.by_reference(frames))
             done, outputs = await future
         finally:
             self._pending.pop(batch_id, None)
@@ -132,7 +133,7 @@ class ProcessWorker(HostedWorker):
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request.id] = future
         try:
-            await socket.send_multipart([msg.encoder.encode(request)])
+            socket.send([msg.encoder.encode(request)])
             done, _ = await future
         finally:
             self._pending.pop(request.id, None)
@@ -152,21 +153,21 @@ class ProcessWorker(HostedWorker):
         await self._control(msg.Control(next(self._ids), "fault", device, fault=fault,
                                         count=count))
 
-    async def _read(self, socket: zmq.asyncio.Socket) -> None:
-        for count in itertools.count(1):
-            if count % arrays.YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            parts = await socket.recv_multipart()
-            message = msg.from_worker.decode(parts[0])
-            if isinstance(message, msg.BatchDone):
-                self._status = _status(message.status)
-            future = self._pending.get(getattr(message, "id", -1))
-            if future is None or future.done():
-                continue  # its batch was given up (watchdog, process death)
-            if isinstance(message, msg.BatchError):
-                future.set_exception(from_wire(message.error))
-            else:
-                future.set_result((message, parts[1:]))
+    def _receive(self, parts: list[bytes]) -> None:
+        message = msg.from_worker.decode(parts[0])
+        if isinstance(message, (msg.Ready, msg.StartFailed)):
+            if self._first is not None and not self._first.done():
+                self._first.set_result(message)
+            return
+        if isinstance(message, msg.BatchDone):
+            self._status = _status(message.status)
+        future = self._pending.get(message.id)
+        if future is None or future.done():
+            return  # its batch was given up (watchdog, process death)
+        if isinstance(message, msg.BatchError):
+            future.set_exception(from_wire(message.error))
+        else:
+            future.set_result((message, parts[1:]))
 
     async def _watch(self, process: asyncio.subprocess.Process) -> None:
         code = await process.wait()
@@ -197,7 +198,7 @@ class ProcessWorker(HostedWorker):
         process, socket = self._process, self._socket
         if process is not None and socket is not None and process.returncode is None:
             with contextlib.suppress(zmq.ZMQError):
-                await socket.send_multipart([msg.encoder.encode(msg.Stop())])
+                socket.send([msg.encoder.encode(msg.Stop())])
             try:
                 await asyncio.wait_for(process.wait(), _STOP_TIMEOUT_S)
             except TimeoutError:
@@ -219,7 +220,7 @@ class ProcessWorker(HostedWorker):
             await process.wait()
         self._fail_pending(WorkerLost(f"worker {self._name}: its process was stopped"))
         if self._socket is not None:
-            self._socket.close(linger=0)
+            self._socket.close()
             self._socket = None
 
 

@@ -36,6 +36,7 @@ class Load:
         self.ok: Counter[int] = Counter()
         self.failed: Counter[int] = Counter()
         self.sent: Counter[int] = Counter()
+        self.errors: list[tuple[int, str, str]] = []  # (client, status, details) of failures
         self._changed = asyncio.Condition()
         self._stop = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -57,8 +58,9 @@ class Load:
             try:
                 await stub.ModelInfer(sim_request(), timeout=20, wait_for_ready=True)
                 self.ok[index] += 1
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as exc:
                 self.failed[index] += 1
+                self.errors.append((index, exc.code().name, str(exc.details())[:200]))
             async with self._changed:
                 self._changed.notify_all()
 
