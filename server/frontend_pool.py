@@ -24,7 +24,6 @@ from typing import Any
 import msgspec
 import numpy as np
 import zmq
-import zmq.asyncio
 
 from evenflow.balancer import EvenflowError, InvalidRequest
 from evenflow.server import shapes
