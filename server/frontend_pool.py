@@ -288,7 +288,9 @@ class FrontendPool:
                 parts = [msg.encoder.encode(msg.Bundle([len(m) for m in messages]))]
                 for message in messages:
                     parts.extend(message)
-            self._socket.send([identity, *parts], arrays.by_reference(parts[1:]))
+            # By reference only when some message carries array frames (beyond its header).
+            frames = [frame for message in messages for frame in message[1:]]
+            self._socket.send([identity, *parts], arrays.by_reference(frames))
 
     # --- what the engine tells them ---
 
