@@ -13,11 +13,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
 
 
 @dataclass
@@ -204,3 +206,10 @@ def median(values: list[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def median_run(runs: Sequence[T], value: Callable[[T], float]) -> T:
+    """The run whose value is nearest the runs' median: a real run to report, with its other
+    figures, rather than an average of runs."""
+    middle = median([value(run) for run in runs])
+    return min(runs, key=lambda run: abs(value(run) - middle))

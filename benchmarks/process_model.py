@@ -21,14 +21,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
 
 from benchmarks import engine_routing
-from benchmarks.harness import REPO, evenflow_argv, perf_analyzer, start, write_json
+from benchmarks.harness import (
+    REPO,
+    evenflow_argv,
+    median_run,
+    perf_analyzer,
+    start,
+    write_json,
+)
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
@@ -156,8 +162,7 @@ def main() -> None:
                     runs[mode].append(_measure(mode, workload, batch, args.concurrency,
                                                args.window_ms, args.out))
             for mode, points in runs.items():
-                median = statistics.median(p.samples_per_s for p in points)
-                row = min(points, key=lambda r: abs(r.samples_per_s - median))
+                row = median_run(points, lambda r: r.samples_per_s)
                 rows.append(row)
                 spread = ", ".join(f"{p.samples_per_s:,.0f}" for p in points)
                 print(f"  {workload} b={batch} {mode}: {row.samples_per_s:,.0f} samples/s "

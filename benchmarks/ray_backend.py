@@ -19,7 +19,14 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.harness import REPO, evenflow_argv, perf_analyzer, start, write_json
+from benchmarks.harness import (
+    REPO,
+    evenflow_argv,
+    median_run,
+    perf_analyzer,
+    start,
+    write_json,
+)
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 
 HOSTS = {"thread": [], "process": ["--workers", "process"],
@@ -74,8 +81,7 @@ def main() -> None:
             for host in hosts:
                 runs[host].append(_measure(host, batch, args.window_ms, args.out))
         for host, points in runs.items():
-            median = statistics.median(p.samples_per_s for p in points)
-            row = min(points, key=lambda r: abs(r.samples_per_s - median))
+            row = median_run(points, lambda r: r.samples_per_s)
             rows.append(row)
             spread = ", ".join(f"{p.samples_per_s:,.0f}" for p in points)
             print(f"  b={batch} {host}: {row.samples_per_s:,.0f} samples/s ({spread})",
