@@ -110,7 +110,6 @@ class ProcessWorker(HostedWorker):
         socket = self._socket
         if socket is None or self._process is None or self._process.returncode is not None:
             raise WorkerLost(f"worker {self._name}: its process is not running")
-        assert socket is not None
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
         arrays.pack(arrays.join_jobs([job.payload for job in jobs]), metas, frames)
