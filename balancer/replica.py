@@ -24,6 +24,7 @@ from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import ReplicaLoad
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.stats import ModelCounters, ReplicaCounters, ReplicaSnapshot
+from evenflow.balancer.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +55,11 @@ class Replica:
     any other failure fails only that batch's jobs.
 
     A worker that dies, or runs a batch past the watchdog (ten times its predicted time, at
-    least ``watchdog_floor_s``, or ``watchdog_s`` before the latency fit has measured a batch),
-    is lost: the replica leaves routing, hands the batch's
-    jobs and its queue to ``on_lost`` (the balancer re-runs them elsewhere), and restarts the
-    worker, backing off while restarts fail; then it is back in routing.
+    least ``watchdog_floor_s``, or ``watchdog_s`` before the latency fit has measured a batch;
+    time the event loop itself was stalled does not count: ``Watchdog``), is lost: the replica
+    leaves routing, hands the batch's jobs and its queue to ``on_lost`` (the balancer re-runs
+    them elsewhere), and restarts the worker, backing off while restarts fail; then it is back
+    in routing.
     """
 
     def __init__(self, *, worker: Worker, queue: JobQueue, controller: BatchSizeController,
@@ -304,10 +306,13 @@ class Replica:
         timeout_s = max(floor_s, 10.0 * self.estimator.predict_s(num_samples))
         if math.isinf(timeout_s):
             return await self.worker.run(jobs)
+        watchdog = Watchdog(timeout_s)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with watchdog:
                 return await self.worker.run(jobs)
         except TimeoutError:
+            if not watchdog.expired:
+                raise
             raise WorkerLost(f"{self.name} did not finish a batch within {timeout_s:.1f} s "
                              "(watchdog)") from None
 
