@@ -119,10 +119,21 @@ class PerfPoint:
 
 def perf_analyzer(url: str, model: str, concurrency: int, out_dir: Path, *, shape: str = "x:256",
                   batch: int = 1, window_ms: int = 3000, extra: tuple[str, ...] = ()) -> PerfPoint:
-    """One closed-loop point. An unstable measurement is kept and flagged, not dropped."""
+    """One closed-loop point over KServe v2 gRPC. An unstable measurement is kept and flagged,
+    not dropped."""
     return _perf_analyzer_point(
         url, model, ("--concurrency-range", f"{concurrency}:{concurrency}"), concurrency,
-        out_dir, shape=shape, batch=batch, window_ms=window_ms, extra=extra)
+        out_dir, inputs=_kserve_inputs(shape, batch), window_ms=window_ms, extra=extra)
+
+
+def perf_analyzer_torchserve(url: str, model: str, concurrency: int, out_dir: Path, *,
+                             input_data: Path, window_ms: int = 3000) -> PerfPoint:
+    """One closed-loop point against TorchServe's HTTP inference API (perf_analyzer's
+    ``torchserve`` service kind: each request POSTs the file ``input_data`` names)."""
+    return _perf_analyzer_point(
+        url, model, ("--concurrency-range", f"{concurrency}:{concurrency}"), concurrency,
+        out_dir, inputs=("--service-kind", "torchserve", "-i", "http",
+                         "--input-data", str(input_data)), window_ms=window_ms, extra=())
 
 
 def perf_analyzer_at_rate(url: str, model: str, rate_per_s: float, out_dir: Path, *,
@@ -130,19 +141,22 @@ def perf_analyzer_at_rate(url: str, model: str, rate_per_s: float, out_dir: Path
     """One open-loop point: Poisson arrivals at ``rate_per_s`` (``concurrency`` is 0)."""
     return _perf_analyzer_point(
         url, model, ("--request-rate-range", f"{rate_per_s:.1f}", "--request-distribution",
-                     "poisson", "--max-threads", "64"), 0, out_dir, shape=shape, batch=1,
-        window_ms=window_ms, extra=("--percentile", "99"))
+                     "poisson", "--max-threads", "64"), 0, out_dir,
+        inputs=_kserve_inputs(shape, 1), window_ms=window_ms, extra=("--percentile", "99"))
+
+
+def _kserve_inputs(shape: str, batch: int) -> tuple[str, ...]:
+    return ("-i", "grpc", "--shape", shape, "-b", str(batch))
 
 
 def _perf_analyzer_point(url: str, model: str, load: tuple[str, ...], concurrency: int,
-                         out_dir: Path, *, shape: str, batch: int, window_ms: int,
+                         out_dir: Path, *, inputs: tuple[str, ...], window_ms: int,
                          extra: tuple[str, ...]) -> PerfPoint:
     csv_path = out_dir / f"pa_{model}_{concurrency}_{time.monotonic_ns()}.csv"
     before = os.times()
     run = subprocess.run(
-        [perf_analyzer_binary(), "-i", "grpc", "-u", url, "-m", model, "--shape", shape,
-         "-b", str(batch), *load, "-p", str(window_ms), "-s", "60", "-r", "6",
-         "-f", str(csv_path), *extra],
+        [perf_analyzer_binary(), "-u", url, "-m", model, *inputs, *load, "-p", str(window_ms),
+         "-s", "60", "-r", "6", "-f", str(csv_path), *extra],
         check=False, capture_output=True, text=True, timeout=300)
     after = os.times()
     generator_cpu_s = (after.children_user - before.children_user
