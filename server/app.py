@@ -15,8 +15,7 @@ from typing import Any
 
 import grpc
 import torch
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
 
 from evenflow.proto import (
     evenflow_pb2,
@@ -25,7 +24,12 @@ from evenflow.proto import (
     grpc_service_pb2_grpc,
 )
 from evenflow.server.config import ServerConfig
-from evenflow.server.edge import add_inference_service, refuse_until_quiet
+from evenflow.server.edge import (
+    GenericOnly,
+    add_inference_service,
+    add_support_services,
+    refuse_until_quiet,
+)
 from evenflow.server.frontend import InferenceServicer
 from evenflow.server.frontend_pool import FrontendPool, FrontendSettings
 from evenflow.server.metrics import collect
@@ -142,17 +146,16 @@ class App:
         interceptors = [TokenInterceptor(token, config.auth_groups)] if token else []
         server = grpc.aio.server(options=options, interceptors=interceptors)
         add_inference_service(self._frontend, server)
-        evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server(self._stats_servicer(), server)
+        cold = GenericOnly(server)
+        evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server(self._stats_servicer(), cold)
         services = [_INFERENCE_SERVICE.full_name,
                     evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowStats"].full_name,
-                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                    reflection.SERVICE_NAME]
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name]
         if config.admin:
             evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server(
-                AdminServicer(models=self.models), server)
+                AdminServicer(models=self.models), cold)
             services.append(evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowAdmin"].full_name)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(services, server)
+        add_support_services(server, self._health, services)
         host = f"[{config.host}]" if ":" in config.host else config.host
         address = f"{host}:{config.port}"
         port = (server.add_secure_port(address, tls.server_credentials()) if tls

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequen
 from typing import Any, Protocol
 
 import grpc
+from grpc_health.v1 import health, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from evenflow.balancer import (
     ErrorCode,
@@ -225,6 +227,11 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         return self._metadata
 
 
+# The only methods registered with grpc by path; every other is served through generic
+# handlers. grpc.aio's server keeps one pending call per registered method and waits on all of
+# them (``asyncio.wait``) for every call it accepts: with every method of every service
+# registered (~25), that wait was 8 % of the loop's time at concurrency 64 (py-spy).
+HOT_METHODS = ("ModelInfer", "ModelStreamInfer")
 # What a front-end process answers itself; it forwards every other call to the engine.
 LOCAL_METHODS = ("ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ServerMetadata")
 
@@ -251,7 +258,8 @@ def add_inference_service(servicer: EdgeServicer, server: grpc.aio.Server,
         response_serializer=pb.ModelStreamInferResponse.SerializeToString)
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(captured.service, handlers),))
-    server.add_registered_method_handlers(captured.service, handlers)
+    server.add_registered_method_handlers(captured.service,
+                                          {method: handlers[method] for method in HOT_METHODS})
 
 
 def forward_service(register: Callable[[Any, Any], None], servicer: object,
@@ -263,7 +271,30 @@ def forward_service(register: Callable[[Any, Any], None], servicer: object,
     handlers = {method: forward(f"/{captured.service}/{method}") for method in captured.handlers}
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(captured.service, handlers),))
-    server.add_registered_method_handlers(captured.service, handlers)
+
+
+def add_support_services(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
+                         services: Sequence[str]) -> None:
+    """Health and reflection (listing ``services`` and itself), served generically."""
+    cold = GenericOnly(server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, cold)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
+        reflection.aio.ReflectionServicer([*services, reflection.SERVICE_NAME]), cold)
+
+
+class GenericOnly:
+    """A server as the generated ``add_*_to_server`` functions see it: their methods are served
+    through generic handlers only, never registered by path (see ``HOT_METHODS``)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str,
+                                       handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        pass  # the generic handler added just before serves these methods
 
 
 async def refuse_until_quiet(servicer: EdgeServicer, quiet_s: float = 0.1,

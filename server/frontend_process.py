@@ -27,8 +27,7 @@ import grpc
 import msgspec
 import zmq
 import zmq.asyncio
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2
 
 from evenflow.balancer import EvenflowError, ShuttingDown
 from evenflow.balancer.stats import CpuParts
@@ -38,6 +37,7 @@ from evenflow.server.edge import (
     EdgeServicer,
     InferTarget,
     add_inference_service,
+    add_support_services,
     forward_service,
     refuse_until_quiet,
 )
@@ -256,13 +256,12 @@ def _build_server(settings: FrontendSettings, edge: FrontendServicer, link: Engi
     add_inference_service(edge, server, forward)
     forward_service(evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server,
                     evenflow_pb2_grpc.EvenflowStatsServicer(), server, forward)
-    services = [*_SERVICES, reflection.SERVICE_NAME]
+    services = list(_SERVICES)
     if settings.admin:
         forward_service(evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server,
                         evenflow_pb2_grpc.EvenflowAdminServicer(), server, forward)
         services.append(evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowAdmin"].full_name)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(services, server)
+    add_support_services(server, health_servicer, services)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     address = f"{host}:{settings.port}"
     tls = TlsFiles(Path(settings.tls_cert), Path(settings.tls_key),

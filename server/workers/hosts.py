@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from evenflow.balancer import Worker, WorkerStatus
+from evenflow.balancer import BatchFailed, Worker, WorkerStatus
 from evenflow.server.config import DTYPES, WORKER_HOSTS, PipelineConfig
 from evenflow.server.models.repository import BuiltinOptions, load_definition
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
@@ -49,7 +49,8 @@ class WorkerSpec:
 class HostedWorker:
     """What a worker run elsewhere (a worker process, a Ray actor) knows of itself without
     asking: its spec's name and devices, how many batches it takes at once, and the status its
-    last answer carried."""
+    last answer carried; and how it restarts: ``_kill`` what runs (dead already, or hung past
+    the watchdog), then ``start`` anew, which each host implements."""
 
     def __init__(self, spec: WorkerSpec, max_in_flight: int) -> None:
         self._spec = spec
@@ -57,6 +58,26 @@ class HostedWorker:
         self._devices = tuple(d.name for d in spec.devices)
         self._max_in_flight = max_in_flight
         self._status = WorkerStatus()
+        self._closed = False
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    async def _kill(self) -> None:
+        raise NotImplementedError
+
+    def _close_once(self) -> bool:
+        """Mark the worker closed; False when it already was (``close`` is idempotent)."""
+        if self._closed:
+            return False
+        self._closed = True
+        return True
+
+    async def restart(self) -> None:
+        if self._closed:
+            raise BatchFailed(f"worker {self._name} is closed")
+        await self._kill()
+        await self.start()
 
     @property
     def name(self) -> str:

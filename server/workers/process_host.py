@@ -52,7 +52,6 @@ class ProcessWorker(HostedWorker):
         self._socket: LoopSocket | None = None
         self._first: asyncio.Future[Any] | None = None  # the process's Ready (or StartFailed)
         self._tasks: list[asyncio.Task[None]] = []
-        self._closed = False
 
     @property
     def pid(self) -> int | None:
@@ -182,18 +181,10 @@ class ProcessWorker(HostedWorker):
                 future.set_exception(error)
         self._pending.clear()
 
-    async def restart(self) -> None:
-        """Kill the process (dead already, or hung past the watchdog) and start a new one."""
-        if self._closed:
-            raise BatchFailed(f"worker {self._name} is closed")
-        await self._kill()
-        await self.start()
-
     async def close(self) -> None:
         """Let the process finish what it runs and exit (killed after a bound). Idempotent."""
-        if self._closed:
+        if not self._close_once():
             return
-        self._closed = True
         process, socket = self._process, self._socket
         if process is not None and socket is not None and process.returncode is None:
             with contextlib.suppress(zmq.ZMQError):

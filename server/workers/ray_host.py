@@ -138,7 +138,6 @@ class RayWorker(HostedWorker):
         super().__init__(spec, len(spec.devices) + 1)
         self._spec_bytes = msgspec.msgpack.encode(spec)
         self._actor: Any = None
-        self._closed = False
 
     @property
     def actor(self) -> Any:
@@ -209,17 +208,9 @@ class RayWorker(HostedWorker):
     async def set_device_fault(self, device: str, fault: str, count: int) -> None:
         await self._control("fault", device, fault=fault, count=count)
 
-    async def restart(self) -> None:
-        """Kill the actor (dead already, or hung past the watchdog) and place a new one."""
-        if self._closed:
-            raise BatchFailed(f"worker {self._name} is closed")
-        await self._kill()
-        await self.start()
-
     async def close(self) -> None:
-        if self._closed:
+        if not self._close_once():
             return
-        self._closed = True
         if self._actor is not None:
             with contextlib.suppress(*_LOST, TimeoutError):
                 await asyncio.wait_for(_await(self._actor.close.remote()), _STOP_TIMEOUT_S)
