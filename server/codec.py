@@ -14,8 +14,6 @@ from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.datatypes import WIRE_TYPES, WireType
 from evenflow.server.models.spec import TensorSpec
 
-_OutputTensor = pb.ModelInferResponse.InferOutputTensor
-
 # Request parameters evenflow acts on, and Triton's that do not change a non-decoupled model's
 # answer (perf_analyzer sends the first). Any other is refused rather than silently ignored: a
 # client asking for sequence batching or shared memory would otherwise get wrong answers.
@@ -150,11 +148,16 @@ def _decode_typed(name: str, wire: WireType, shape: tuple[int, ...], count: int,
 def requested_outputs(request: pb.ModelInferRequest,
                       specs: Sequence[TensorSpec]) -> list[int]:
     """Indices into ``specs`` of the outputs to return (all when none are named)."""
-    if not request.outputs:
+    requested = request.outputs
+    if not requested:
         return list(range(len(specs)))
+    if len(requested) == 1 and len(specs) == 1:  # perf_analyzer and tritonclient name it
+        output = requested[0]
+        if output.name == specs[0].name and not output.parameters:
+            return [0]
     names = [spec.name for spec in specs]
     chosen: list[int] = []
-    for output in request.outputs:
+    for output in requested:
         if output.name not in names:
             raise InvalidRequest(f"unknown requested output {output.name[:64]!r}; model has "
                                  f"{names}")
@@ -198,15 +201,20 @@ def _integer_parameter(request: pb.ModelInferRequest, key: str) -> int | None:
 
 def encode_response(request: pb.ModelInferRequest, specs: Sequence[TensorSpec],
                     chosen: Sequence[int], arrays: Sequence[np.ndarray]) -> pb.ModelInferResponse:
-    outputs = []
-    contents = []
+    # Filled in place: building the nested messages from keyword arguments costs 1.5x
+    # (4.7 against 3.0 us for one output, measured), on the loop, per request.
+    response = pb.ModelInferResponse(model_name=request.model_name, model_version="1",
+                                     id=request.id)
+    outputs, contents = response.outputs, response.raw_output_contents
     for index in chosen:
         spec = specs[index]
         array = arrays[index]
-        outputs.append(_OutputTensor(name=spec.name, datatype=spec.datatype, shape=array.shape))
+        output = outputs.add()
+        output.name = spec.name
+        output.datatype = spec.datatype
+        output.shape.extend(array.shape)
         contents.append(_encode_raw(array) if spec.datatype == "BYTES" else array.tobytes())
-    return pb.ModelInferResponse(model_name=request.model_name, model_version="1",
-                                 id=request.id, outputs=outputs, raw_output_contents=contents)
+    return response
 
 
 def _encode_raw(array: np.ndarray) -> bytes:
