@@ -3,13 +3,27 @@
 It answers just what perf_analyzer needs (metadata and config of one model ``mlp`` with input
 ``x`` FP32 [-1, 256]) and returns the input bytes as output ``y``.
 ``python -m benchmarks.echo_server --port 0`` prints ``echo listening on HOST:PORT``.
+
+``--defer`` gives the floors of servers that answer later than the handler's first step, as
+every batching server does, so evenflow's overhead can be told apart from the price of answering
+asynchronously at all:
+
+- ``none`` (default): the answer is returned by the handler's first step: the transport limit.
+- ``turn``: the handler awaits a future; the requests that arrived in one loop turn are answered
+  together by one callback on the next (a batcher with a free model and no worker).
+- ``thread``: as ``turn``, but each batch goes to a worker thread and is answered through
+  ``call_soon_threadsafe``, one batch in flight, requests arriving meanwhile forming the next
+  (evenflow's thread-worker hand-off with a free model and no balancer).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import queue
 import signal
+import threading
+from typing import Any
 
 import grpc
 import uvloop
@@ -54,10 +68,75 @@ class EchoServicer(pb_grpc.GRPCInferenceServiceServicer):
             raw_output_contents=[request.raw_input_contents[0]])
 
 
-async def serve(host: str, port: int) -> None:
+class DeferredEchoServicer(EchoServicer):
+    """Echo, answered from a batch: on the next loop turn (``turn``) or after a worker thread
+    has seen the batch (``thread``)."""
+
+    def __init__(self, defer: str) -> None:
+        self._forming: list[asyncio.Future[None]] = []
+        self._flush_scheduled = False
+        self._running = False
+        self._inbox: queue.SimpleQueue[Any] | None = None
+        self._thread: threading.Thread | None = None
+        if defer == "thread":
+            self._inbox = queue.SimpleQueue()
+            self._thread = threading.Thread(target=self._worker, args=(self._inbox,),
+                                            name="echo-worker")
+            self._thread.start()
+
+    def close(self) -> None:
+        """Stop the worker thread (after the server has stopped)."""
+        if self._inbox is not None and self._thread is not None:
+            self._inbox.put(None)
+            self._thread.join()
+
+    async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+        loop = asyncio.get_running_loop()
+        answered: asyncio.Future[None] = loop.create_future()
+        self._forming.append(answered)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        await answered
+        return await super().ModelInfer(request, context)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if not self._forming or self._running:
+            return
+        batch, self._forming = self._forming, []
+        if self._inbox is None:
+            _answer(batch)
+            return
+        self._running = True
+        self._inbox.put((batch, asyncio.get_running_loop()))
+
+    def _worker(self, inbox: queue.SimpleQueue[Any]) -> None:
+        while (item := inbox.get()) is not None:
+            batch, loop = item
+            loop.call_soon_threadsafe(self._done, batch)
+
+    def _done(self, batch: list[asyncio.Future[None]]) -> None:
+        self._running = False
+        _answer(batch)
+        self._flush()
+
+
+def _answer(batch: list[asyncio.Future[None]]) -> None:
+    for answered in batch:
+        if not answered.done():
+            answered.set_result(None)
+
+
+def build_server(servicer: EchoServicer, host: str, port: int) -> tuple[grpc.aio.Server, int]:
     server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(EchoServicer(), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    return server, server.add_insecure_port(f"{host}:{port}")
+
+
+async def serve(host: str, port: int, defer: str = "none") -> None:
+    servicer = EchoServicer() if defer == "none" else DeferredEchoServicer(defer)
+    server, bound = build_server(servicer, host, port)
     await server.start()
     print(f"echo listening on {host}:{bound}", flush=True)
     stop = asyncio.Event()
@@ -66,14 +145,19 @@ async def serve(host: str, port: int) -> None:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop(5)
+    if isinstance(servicer, DeferredEchoServicer):
+        servicer.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--defer", choices=("none", "turn", "thread"), default="none",
+                        help="answer in the handler's first step, on the next loop turn, or "
+                             "after a worker thread (see the module's docstring)")
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port))
+    uvloop.run(serve(args.host, args.port, args.defer))
 
 
 if __name__ == "__main__":

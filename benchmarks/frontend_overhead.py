@@ -6,10 +6,16 @@ A third server, ``ef-noop``, is evenflow serving a model that costs nothing (the
 evenflow's own per-request cost (decode, admission, routing, batching, two thread hops, encode);
 the gap between it and ``evenflow`` is the model's compute competing for the same two cores.
 
+Two more echo servers give the floor of answering asynchronously at all (``--defer``, see
+``benchmarks.echo_server``): ``echo-turn`` answers the requests of a loop turn together on the
+next turn, ``echo-thread`` after a worker thread has seen them (one batch in flight): what any
+batching server with a thread per device pays before its own work. ``ef-noop`` over
+``echo-thread`` is then evenflow's own cost alone (``/ echo-thread`` column).
+
     python -m benchmarks.frontend_overhead [--concurrency 1,16,64] [--repeats 3]
 
-Prints infer/s, p50 and p99 (median over repeats, with min..max) and the ratio evenflow / echo
-of throughput; writes the JSON to .bench/frontend_overhead.json.
+Prints infer/s, p50 and p99 (median over repeats, with min..max) and each server's throughput
+over ``echo``'s and ``echo-thread``'s; writes the JSON to .bench/frontend_overhead.json.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ def main() -> None:
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     servers: dict[str, Server] = {
         "echo": start([sys.executable, "-m", "benchmarks.echo_server"], args.out / "echo.log"),
+        "echo-turn": start([sys.executable, "-m", "benchmarks.echo_server", "--defer", "turn"],
+                           args.out / "echo-turn.log"),
+        "echo-thread": start([sys.executable, "-m", "benchmarks.echo_server", "--defer",
+                              "thread"], args.out / "echo-thread.log"),
         "evenflow": start(evenflow_argv("--model", "mlp", "--devices", "cpu",
                                         *args.evenflow_args.split()),
                           args.out / "evenflow.log"),
@@ -66,7 +76,7 @@ def main() -> None:
                                           window_ms=args.window_ms)
                     cpu[name][concurrency].append(server.cpu_s() - cpu_before)
                     results[name][concurrency].append(point)
-                    print(f"  {name:8s} c={concurrency:<3d} rep {repeat}: "
+                    print(f"  {name:11s} c={concurrency:<3d} rep {repeat}: "
                           f"{point.infer_per_s:8.0f} infer/s p50 {point.p50_ms:6.2f} ms "
                           f"p99 {point.p99_ms:6.2f} ms{'' if point.stable else ' (unstable)'}",
                           flush=True)
@@ -75,10 +85,11 @@ def main() -> None:
             server.stop()
 
     rows = []
-    print(f"\n{'conc':>4} {'server':>9} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'srv cpu s':>9} {'ratio':>6}")
+    print(f"\n{'conc':>4} {'server':>11} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'srv cpu s':>9} {'/ echo':>6} {'/ echo-thread':>13}")
     for concurrency in concurrencies:
         echo_tput = median([p.infer_per_s for p in results["echo"][concurrency]])
+        thread_tput = median([p.infer_per_s for p in results["echo-thread"][concurrency]])
         for name in servers:
             points = results[name][concurrency]
             tput = [p.infer_per_s for p in points]
@@ -90,12 +101,14 @@ def main() -> None:
                    "server_cpu_s": median(cpu[name][concurrency]),
                    "generator_cpu_s": median([p.generator_cpu_s for p in points]),
                    "all_stable": all(p.stable for p in points),
-                   "ratio_vs_echo": median(tput) / echo_tput}
+                   "ratio_vs_echo": median(tput) / echo_tput,
+                   "ratio_vs_echo_thread": median(tput) / thread_tput}
             rows.append(row)
-            print(f"{concurrency:>4} {name:>9} {row['infer_per_s']:>8.0f} "
+            print(f"{concurrency:>4} {name:>11} {row['infer_per_s']:>8.0f} "
                   f"({min(tput):.0f}..{max(tput):.0f}){'':>3} {row['p50_ms']:>7.2f} "
                   f"{row['p99_ms']:>7.2f} {row['server_cpu_s']:>9.1f} "
-                  f"{row['ratio_vs_echo']:>6.2f}{'' if row['all_stable'] else ' *'}")
+                  f"{row['ratio_vs_echo']:>6.2f} {row['ratio_vs_echo_thread']:>13.2f}"
+                  f"{'' if row['all_stable'] else ' *'}")
     print("* = perf_analyzer reported an unstable window for at least one repeat")
     write_json(args.out / "frontend_overhead.json",
                {"rows": rows, "load_average_before_points": loads})

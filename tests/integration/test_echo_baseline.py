@@ -1,0 +1,43 @@
+"""The echo baselines of the overhead benchmarks answer every request with its own bytes, in
+each answering mode, under concurrent calls (``benchmarks.echo_server``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import numpy as np
+import pytest
+
+from benchmarks.echo_server import DeferredEchoServicer, EchoServicer, build_server
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _request(index: int) -> pb.ModelInferRequest:
+    return pb.ModelInferRequest(
+        model_name="mlp", id=str(index),
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 256])],
+        raw_input_contents=[np.full((1, 256), index, np.float32).tobytes()])
+
+
+@pytest.mark.parametrize("defer", ["none", "turn", "thread"])
+async def test_every_request_gets_its_own_echo(defer: str) -> None:
+    servicer = EchoServicer() if defer == "none" else DeferredEchoServicer(defer)
+    server, port = build_server(servicer, "127.0.0.1", 0)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            responses = await asyncio.gather(*(stub.ModelInfer(_request(i)) for i in range(64)))
+    finally:
+        await server.stop(None)
+        if isinstance(servicer, DeferredEchoServicer):
+            servicer.close()
+    for index, response in enumerate(responses):
+        assert response.id == str(index)
+        assert list(response.outputs[0].shape) == [1, 256]
+        echoed = np.frombuffer(response.raw_output_contents[0], np.float32)
+        assert (echoed == index).all()
