@@ -7,7 +7,12 @@ Java 17 runtime on PATH) and point ``--torchserve`` at its ``torchserve`` script
     python3 -m venv .ts && .ts/bin/pip install torch==2.13.0 torchserve==0.12.0 \\
         torch-model-archiver==0.12.0 pyyaml numpy
     python -m benchmarks.vs_torchserve --torchserve .ts/bin/torchserve \\
-        [--concurrency 1,16,64] [--repeats 3] [--window-ms 4000]
+        [--concurrency 1,16,64] [--repeats 3] [--window-ms 4000] \\
+        [--evenflow-modes "evenflow=;evenflow-fe2=--frontends 2"] [--with-echo]
+
+``--evenflow-modes`` alternates several evenflow configurations with TorchServe in one run (the
+best mode for a machine is a measurement, not a guess); ``--with-echo`` adds the bare grpc.aio
+echo server, the ceiling of any gRPC front-end written on grpc.aio on the same cores.
 
 TorchServe runs as it is usually deployed for this: one worker, ``batchSize`` 64 and
 ``maxBatchDelay`` 3 ms, one torch thread (``OMP_NUM_THREADS=1``), token authorization off,
@@ -28,6 +33,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -41,6 +47,7 @@ import torch
 from benchmarks.harness import (
     REPO,
     PerfPoint,
+    Server,
     evenflow_argv,
     median,
     perf_analyzer,
@@ -193,11 +200,18 @@ def main() -> None:
     parser.add_argument("--max-batch-delay-ms", type=int, default=3,
                         help="TorchServe's maxBatchDelay")
     parser.add_argument("--evenflow-args", default="", help="extra evenflow serve flags")
+    parser.add_argument("--evenflow-modes", default="evenflow=",
+                        help="evenflow servers to alternate with TorchServe, ';'-separated "
+                             "NAME=FLAGS, e.g. 'evenflow=;evenflow-fe2=--frontends 2'")
+    parser.add_argument("--with-echo", action="store_true",
+                        help="alternate the bare grpc.aio echo server too (benchmarks."
+                             "echo_server): what a gRPC server that does nothing reaches here")
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    names = ("torchserve", "evenflow")
+    modes = dict(mode.split("=", 1) for mode in args.evenflow_modes.split(";"))
+    names = ("torchserve", *modes, *(("echo",) if args.with_echo else ()))
     results: dict[str, dict[int, list[PerfPoint]]] = {n: {c: [] for c in concurrencies}
                                                       for n in names}
     with tempfile.TemporaryDirectory(prefix="evenflow-ts-") as tmp:
@@ -210,26 +224,33 @@ def main() -> None:
         with torchserve_running(args.torchserve.resolve(), work, store,
                                 batch_size=args.batch_size,
                                 max_batch_delay_ms=args.max_batch_delay_ms) as ts_url:
-            evenflow = start(evenflow_argv("--model", MODEL, "--devices", "cpu",
-                                           *args.evenflow_args.split()),
-                             args.out / "vs_torchserve_evenflow.log")
+            servers: dict[str, Server] = {}
             try:
-                check_answers(ts_url, evenflow.url, row)
+                for name, flags in modes.items():
+                    servers[name] = start(evenflow_argv("--model", MODEL, "--devices", "cpu",
+                                                        *args.evenflow_args.split(),
+                                                        *flags.split()),
+                                          args.out / f"vs_torchserve_{name}.log")
+                    check_answers(ts_url, servers[name].url, row)
+                if args.with_echo:
+                    servers["echo"] = start([sys.executable, "-m", "benchmarks.echo_server"],
+                                            args.out / "vs_torchserve_echo.log")
                 for concurrency in concurrencies:
                     for repeat in range(args.repeats):
-                        for name in names:  # A B A B: drift hits both
+                        for name in names:  # A B A B: drift hits all alike
                             point = (perf_analyzer_torchserve(
                                 ts_url, MODEL, concurrency, args.out, input_data=input_data,
                                 window_ms=args.window_ms) if name == "torchserve"
-                                else perf_analyzer(evenflow.url, MODEL, concurrency, args.out,
-                                                   window_ms=args.window_ms))
+                                else perf_analyzer(servers[name].url, MODEL, concurrency,
+                                                   args.out, window_ms=args.window_ms))
                             results[name][concurrency].append(point)
-                            print(f"  {name:10s} c={concurrency:<3d} rep {repeat}: "
+                            print(f"  {name:14s} c={concurrency:<3d} rep {repeat}: "
                                   f"{point.infer_per_s:8.0f} infer/s p50 {point.p50_ms:6.2f} "
                                   f"ms p99 {point.p99_ms:6.2f} ms"
                                   f"{'' if point.stable else ' (unstable)'}", flush=True)
             finally:
-                evenflow.stop()
+                for server in servers.values():
+                    server.stop()
     rows = report(results, concurrencies)
     write_json(args.out / "vs_torchserve.json",
                {"rows": rows, "torchserve": {"batch_size": args.batch_size,
@@ -239,7 +260,7 @@ def main() -> None:
 def report(results: dict[str, dict[int, list[PerfPoint]]],
            concurrencies: list[int]) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    print(f"\n{'conc':>4} {'server':>10} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
+    print(f"\n{'conc':>4} {'server':>14} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'p99/p50':>7} {'/ TorchServe':>12}")
     for concurrency in concurrencies:
         reference = median([p.infer_per_s for p in results["torchserve"][concurrency]])
@@ -253,7 +274,7 @@ def report(results: dict[str, dict[int, list[PerfPoint]]],
                    "all_stable": all(p.stable for p in points),
                    "ratio_vs_torchserve": median(tput) / reference}
             rows.append(row)
-            print(f"{concurrency:>4} {name:>10} {median(tput):>8.0f} ({min(tput):.0f}.."
+            print(f"{concurrency:>4} {name:>14} {median(tput):>8.0f} ({min(tput):.0f}.."
                   f"{max(tput):.0f}){'':>3} {p50_ms:>7.2f} {p99_ms:>7.2f} {p99_ms / p50_ms:>7.2f} "
                   f"{median(tput) / reference:>12.2f}{'' if row['all_stable'] else ' *'}")
     print("* = perf_analyzer reported an unstable window for at least one repeat")
