@@ -8,11 +8,14 @@ Java 17 runtime on PATH) and point ``--torchserve`` at its ``torchserve`` script
         torch-model-archiver==0.12.0 pyyaml numpy
     python -m benchmarks.vs_torchserve --torchserve .ts/bin/torchserve \\
         [--concurrency 1,16,64] [--repeats 3] [--window-ms 4000] \\
-        [--evenflow-modes "evenflow=;evenflow-fe2=--frontends 2"] [--with-echo]
+        [--evenflow-modes "evenflow=;evenflow-fe2=--frontends 2"] [--streaming] [--with-echo]
 
 ``--evenflow-modes`` alternates several evenflow configurations with TorchServe in one run (the
-best mode for a machine is a measurement, not a guess); ``--with-echo`` adds the bare grpc.aio
-echo server, the ceiling of any gRPC front-end written on grpc.aio on the same cores.
+best mode for a machine is a measurement, not a guess); ``--streaming`` measures each of them over
+ModelStreamInfer as well (perf_analyzer ``--streaming``: one stream per concurrency slot, one
+request in flight on each, so the same closed loop without gRPC's per-call set-up);
+``--with-echo`` adds the bare grpc.aio echo server, the ceiling of any gRPC front-end written on
+grpc.aio on the same cores (over unary calls).
 
 TorchServe runs as it is usually deployed for this: one worker, ``batchSize`` 64 and
 ``maxBatchDelay`` 3 ms, one torch thread (``OMP_NUM_THREADS=1``), token authorization off,
@@ -59,6 +62,7 @@ from evenflow.client import Client
 from evenflow.server.models.builtin import MLP_WIDTH, build_mlp
 
 MODEL = "mlp"
+STREAM = "+stream"  # a series measured over ModelStreamInfer on the server its name starts with
 _START_TIMEOUT_S = 180.0
 
 # The TorchServe handler: raw float32 rows in, raw float32 rows out, batched by TorchServe.
@@ -178,13 +182,17 @@ def _wait_until(proc: subprocess.Popen[bytes], ready: Callable[[], bool], messag
 
 
 def check_answers(torchserve_url: str, evenflow_url: str, row: np.ndarray) -> None:
-    """Both servers answer ``row`` as the model called directly does."""
+    """Both servers answer ``row`` as the model called directly does (evenflow over unary and
+    streaming calls)."""
     with torch.inference_mode():
         expected = build_mlp().module(torch.from_numpy(row[None, :])).numpy()[0]
     served = _predict(torchserve_url, row)
     with Client(evenflow_url) as client:
         ours = client.infer(MODEL, {"x": row[None, :]})["y"][0]
-    for name, got in (("TorchServe", served), ("evenflow", ours)):
+        (streamed,) = client.stream_infer(MODEL, [{"x": row[None, :]}])
+    for name, got in (("TorchServe", served), ("evenflow", ours),
+                      ("evenflow over ModelStreamInfer",
+                       None if streamed.outputs is None else streamed.outputs["y"][0])):
         if got is None or not np.allclose(got, expected, rtol=1e-5, atol=1e-6):
             raise SystemExit(f"{name} answered differently from the model called directly")
 
@@ -203,6 +211,9 @@ def main() -> None:
     parser.add_argument("--evenflow-modes", default="evenflow=",
                         help="evenflow servers to alternate with TorchServe, ';'-separated "
                              "NAME=FLAGS, e.g. 'evenflow=;evenflow-fe2=--frontends 2'")
+    parser.add_argument("--streaming", action="store_true",
+                        help="measure each evenflow mode over ModelStreamInfer too (perf_analyzer "
+                             "--streaming: one stream per concurrency slot), as NAME+stream")
     parser.add_argument("--with-echo", action="store_true",
                         help="alternate the bare grpc.aio echo server too (benchmarks."
                              "echo_server): what a gRPC server that does nothing reaches here")
@@ -211,7 +222,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     modes = dict(mode.split("=", 1) for mode in args.evenflow_modes.split(";"))
-    names = ("torchserve", *modes, *(("echo",) if args.with_echo else ()))
+    streams = tuple(f"{name}{STREAM}" for name in modes) if args.streaming else ()
+    names = ("torchserve", *modes, *streams, *(("echo",) if args.with_echo else ()))
     results: dict[str, dict[int, list[PerfPoint]]] = {n: {c: [] for c in concurrencies}
                                                       for n in names}
     with tempfile.TemporaryDirectory(prefix="evenflow-ts-") as tmp:
@@ -238,13 +250,15 @@ def main() -> None:
                 for concurrency in concurrencies:
                     for repeat in range(args.repeats):
                         for name in names:  # A B A B: drift hits all alike
+                            server, streamed = name.removesuffix(STREAM), name.endswith(STREAM)
                             point = (perf_analyzer_torchserve(
                                 ts_url, MODEL, concurrency, args.out, input_data=input_data,
                                 window_ms=args.window_ms) if name == "torchserve"
-                                else perf_analyzer(servers[name].url, MODEL, concurrency,
-                                                   args.out, window_ms=args.window_ms))
+                                else perf_analyzer(servers[server].url, MODEL, concurrency,
+                                                   args.out, window_ms=args.window_ms,
+                                                   extra=("--streaming",) if streamed else ()))
                             results[name][concurrency].append(point)
-                            print(f"  {name:14s} c={concurrency:<3d} rep {repeat}: "
+                            print(f"  {name:18s} c={concurrency:<3d} rep {repeat}: "
                                   f"{point.infer_per_s:8.0f} infer/s p50 {point.p50_ms:6.2f} "
                                   f"ms p99 {point.p99_ms:6.2f} ms"
                                   f"{'' if point.stable else ' (unstable)'}", flush=True)
@@ -260,7 +274,7 @@ def main() -> None:
 def report(results: dict[str, dict[int, list[PerfPoint]]],
            concurrencies: list[int]) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
-    print(f"\n{'conc':>4} {'server':>14} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
+    print(f"\n{'conc':>4} {'server':>18} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'p99/p50':>7} {'/ TorchServe':>12}")
     for concurrency in concurrencies:
         reference = median([p.infer_per_s for p in results["torchserve"][concurrency]])
@@ -274,7 +288,7 @@ def report(results: dict[str, dict[int, list[PerfPoint]]],
                    "all_stable": all(p.stable for p in points),
                    "ratio_vs_torchserve": median(tput) / reference}
             rows.append(row)
-            print(f"{concurrency:>4} {name:>14} {median(tput):>8.0f} ({min(tput):.0f}.."
+            print(f"{concurrency:>4} {name:>18} {median(tput):>8.0f} ({min(tput):.0f}.."
                   f"{max(tput):.0f}){'':>3} {p50_ms:>7.2f} {p99_ms:>7.2f} {p99_ms / p50_ms:>7.2f} "
                   f"{median(tput) / reference:>12.2f}{'' if row['all_stable'] else ' *'}")
     print("* = perf_analyzer reported an unstable window for at least one repeat")
