@@ -1,7 +1,8 @@
 """A bare grpc.aio + uvloop KServe v2 server that only echoes ModelInfer: the transport limit.
 
 It answers just what perf_analyzer needs (metadata and config of one model ``mlp`` with input
-``x`` FP32 [-1, 256]) and returns the input bytes as output ``y``.
+``x`` FP32 [-1, 256]) and returns the input bytes as output ``y``, over ModelInfer and over
+ModelStreamInfer (each request on the stream answered in turn).
 ``python -m benchmarks.echo_server --port 0`` prints ``echo listening on HOST:PORT``.
 
 ``--defer`` gives the floors of servers that answer later than the handler's first step, as
@@ -59,6 +60,12 @@ class EchoServicer(pb_grpc.GRPCInferenceServiceServicer):
             input=[mc.ModelInput(name="x", data_type=mc.TYPE_FP32, dims=[256])],
             output=[mc.ModelOutput(name="y", data_type=mc.TYPE_FP32, dims=[256])]))
 
+    async def ModelStreamInfer(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        """Each request echoed on the stream as ModelInfer would answer it, in order."""
+        async for request in request_iterator:
+            yield pb.ModelStreamInferResponse(
+                infer_response=await self.ModelInfer(request, context))
+
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
         tensor = request.inputs[0]
         return pb.ModelInferResponse(
@@ -90,7 +97,8 @@ class DeferredEchoServicer(EchoServicer):
             self._inbox.put(None)
             self._thread.join()
 
-    async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
+    async def ModelInfer(self, request: pb.ModelInferRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
         loop = asyncio.get_running_loop()
         answered: asyncio.Future[None] = loop.create_future()
         self._forming.append(answered)

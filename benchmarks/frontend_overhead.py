@@ -12,6 +12,10 @@ next turn, ``echo-thread`` after a worker thread has seen them (one batch in fli
 batching server with a thread per device pays before its own work. ``ef-noop`` over
 ``echo-thread`` is then evenflow's own cost alone (``/ echo-thread`` column).
 
+``--streaming`` measures echo, echo-thread, evenflow and ef-noop over ModelStreamInfer as well
+(perf_analyzer ``--streaming``: one stream per concurrency slot, one request in flight on each);
+a ``+stream`` series' ratios are to the echo servers over streams.
+
     python -m benchmarks.frontend_overhead [--concurrency 1,16,64] [--repeats 3]
 
 Prints infer/s, p50 and p99 (median over repeats, with min..max) and each server's throughput
@@ -36,6 +40,8 @@ from benchmarks.harness import (
     write_json,
 )
 
+STREAM = "+stream"  # a series over ModelStreamInfer; its ratios are to the echo servers' streams
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,6 +50,9 @@ def main() -> None:
     parser.add_argument("--window-ms", type=int, default=3000)
     parser.add_argument("--evenflow-args", default="--max-wait-ms 2",
                         help="extra evenflow serve flags")
+    parser.add_argument("--streaming", action="store_true",
+                        help="measure echo, echo-thread, evenflow and ef-noop over "
+                             "ModelStreamInfer too (perf_analyzer --streaming), as NAME+stream")
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -62,21 +71,28 @@ def main() -> None:
                                        *args.evenflow_args.split()),
                          args.out / "ef-noop.log"),
     }
+    # series name -> (server, over ModelStreamInfer)
+    series = {name: (name, False) for name in servers}
+    if args.streaming:
+        series |= {f"{name}{STREAM}": (name, True)
+                   for name in ("echo", "echo-thread", "evenflow", "ef-noop")}
     results: dict[str, dict[int, list[PerfPoint]]] = {n: {c: [] for c in concurrencies}
-                                                      for n in servers}
-    cpu: dict[str, dict[int, list[float]]] = {n: {c: [] for c in concurrencies} for n in servers}
+                                                      for n in series}
+    cpu: dict[str, dict[int, list[float]]] = {n: {c: [] for c in concurrencies} for n in series}
     loads: list[float] = []
     try:
         for concurrency in concurrencies:
             for repeat in range(args.repeats):
-                for name, server in servers.items():  # A B A B: drift hits both
+                for name, (server_name, streamed) in series.items():  # A B A B: drift hits all
+                    server = servers[server_name]
                     loads.append(os.getloadavg()[0])
                     cpu_before = server.cpu_s()
                     point = perf_analyzer(server.url, "mlp", concurrency, args.out,
-                                          window_ms=args.window_ms)
+                                          window_ms=args.window_ms,
+                                          extra=("--streaming",) if streamed else ())
                     cpu[name][concurrency].append(server.cpu_s() - cpu_before)
                     results[name][concurrency].append(point)
-                    print(f"  {name:11s} c={concurrency:<3d} rep {repeat}: "
+                    print(f"  {name:18s} c={concurrency:<3d} rep {repeat}: "
                           f"{point.infer_per_s:8.0f} infer/s p50 {point.p50_ms:6.2f} ms "
                           f"p99 {point.p99_ms:6.2f} ms{'' if point.stable else ' (unstable)'}",
                           flush=True)
@@ -85,12 +101,14 @@ def main() -> None:
             server.stop()
 
     rows = []
-    print(f"\n{'conc':>4} {'server':>11} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
+    print(f"\n{'conc':>4} {'server':>18} {'infer/s (min..max)':>24} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'srv cpu s':>9} {'/ echo':>6} {'/ echo-thread':>13}")
     for concurrency in concurrencies:
-        echo_tput = median([p.infer_per_s for p in results["echo"][concurrency]])
-        thread_tput = median([p.infer_per_s for p in results["echo-thread"][concurrency]])
-        for name in servers:
+        for name in series:
+            suffix = STREAM if name.endswith(STREAM) else ""  # ratios within one transport
+            echo_tput = median([p.infer_per_s for p in results["echo" + suffix][concurrency]])
+            thread_tput = median([p.infer_per_s
+                                  for p in results["echo-thread" + suffix][concurrency]])
             points = results[name][concurrency]
             tput = [p.infer_per_s for p in points]
             row = {"concurrency": concurrency, "server": name,
@@ -104,7 +122,7 @@ def main() -> None:
                    "ratio_vs_echo": median(tput) / echo_tput,
                    "ratio_vs_echo_thread": median(tput) / thread_tput}
             rows.append(row)
-            print(f"{concurrency:>4} {name:>11} {row['infer_per_s']:>8.0f} "
+            print(f"{concurrency:>4} {name:>18} {row['infer_per_s']:>8.0f} "
                   f"({min(tput):.0f}..{max(tput):.0f}){'':>3} {row['p50_ms']:>7.2f} "
                   f"{row['p99_ms']:>7.2f} {row['server_cpu_s']:>9.1f} "
                   f"{row['ratio_vs_echo']:>6.2f} {row['ratio_vs_echo_thread']:>13.2f}"

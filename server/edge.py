@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import time
@@ -95,15 +96,31 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: pb.ModelInferRequest | Undecodable,
                      deadline_s: float) -> pb.ModelInferResponse:
+        checked = self._checked(request)
+        model = self._local_model(checked)
+        if model is None:
+            model = await self._missing_model(checked.model_name, checked.model_version)
+        pending = self._admit(checked, model, deadline_s)
+        return pending.respond(await pending.answer)
+
+    def _checked(self, request: pb.ModelInferRequest | Undecodable) -> pb.ModelInferRequest:
         if self.draining:
             self.last_refused_s = time.monotonic()
             raise ShuttingDown("the server is shutting down; send to another replica")
         if isinstance(request, Undecodable):
             raise InvalidRequest(request.reason)
+        return request
+
+    def _local_model(self, request: pb.ModelInferRequest) -> InferTarget | None:
         try:
-            model = self._models.get(request.model_name, request.model_version)
+            return self._models.get(request.model_name, request.model_version)
         except ModelNotFound:
-            model = await self._missing_model(request.model_name, request.model_version)
+            return None
+
+    def _admit(self, request: pb.ModelInferRequest, model: InferTarget,
+               deadline_s: float) -> _Pending:
+        """Decode and validate ``request`` against ``model`` and hand it over; what comes back
+        is the answer to wait for and how to encode it."""
         specs = model.definition
         priority = 0
         if request.parameters:
@@ -123,17 +140,10 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
             shape_key = shapes.shape_key(arrays)
         decoded_s = clock()
         answer = model.submit(arrays, num_samples, deadline_s, priority, shape_key=shape_key)
-        routed_s = clock()
-        outputs = await answer
-        if lengths:
-            outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
-        encoding_s = clock()
-        response = codec.encode_response(request, specs.outputs, chosen, outputs)
         if cpu is not None:
             cpu.add("decode", decoded_s - started_s)
-            cpu.add("route", routed_s - decoded_s)
-            cpu.add("encode", clock() - encoding_s)
-        return response
+            cpu.add("route", clock() - decoded_s)
+        return _Pending(answer, request, specs.outputs, chosen, lengths, cpu)
 
     async def _missing_model(self, name: str, version: str) -> InferTarget:
         """A request named a model this directory does not hold: where the directory is a
@@ -159,50 +169,27 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests are run concurrently; responses are written as they finish (match by id).
-        A failed request yields a response with ``error_message`` and the stream goes on."""
-        deadline_s = _deadline_s(context)
-        results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
-        tasks: set[asyncio.Task[None]] = set()
+        A failed request yields a response with ``error_message`` and the stream goes on.
 
-        async def one(request: pb.ModelInferRequest | Undecodable) -> None:
-            try:
-                response = pb.ModelStreamInferResponse(
-                    infer_response=await self._infer(request, deadline_s))
-            except Exception as error:  # a server bug becomes INTERNAL: never an unanswered id
-                exc = error if isinstance(error, EvenflowError) else _internal_error(request,
-                                                                                    error)
-                self._count_failure(request, exc)
-                response = pb.ModelStreamInferResponse(
-                    error_message=stream_error_message(exc),
-                    infer_response=pb.ModelInferResponse(model_name=request.model_name,
-                                                         id=request.id))
-            finally:
-                slots.release()
-            results.put_nowait(response)
-
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    await slots.acquire()
-                    task = asyncio.create_task(one(request))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                if tasks:
-                    await asyncio.gather(*tasks)
-            finally:
-                results.put_nowait(None)
-
-        reader = asyncio.create_task(read())
+        A request is decoded and handed over as it is read, and its response is built by a
+        callback on its answer: no task per request (a model a front-end must look up first
+        takes the full path, in a task of its own)."""
+        stream = _InferStream(self, _deadline_s(context))
+        reader = asyncio.create_task(stream.read(request_iterator))
         try:
-            while (item := await results.get()) is not None:
+            while (item := await stream.results.get()) is not None:
                 yield item
             await reader
         finally:
-            for task in (reader, *tasks):
-                task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.gather(reader, *tasks, return_exceptions=True)
+            await stream.close(reader)
+
+    def _stream_error(self, request: pb.ModelInferRequest | Undecodable,
+                      error: Exception) -> pb.ModelStreamInferResponse:
+        exc = error if isinstance(error, EvenflowError) else _internal_error(request, error)
+        self._count_failure(request, exc)
+        return pb.ModelStreamInferResponse(
+            error_message=stream_error_message(exc),
+            infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id))
 
     def _count_failure(self, request: pb.ModelInferRequest | Undecodable,
                        exc: EvenflowError) -> None:
@@ -338,6 +325,105 @@ def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError
 def _internal_error(request: pb.ModelInferRequest | Undecodable,
                     error: Exception) -> EvenflowError:
     return internal_error(error, f"request {request.id!r} to model {request.model_name!r}")
+
+
+class _InferStream:
+    """One ModelStreamInfer call's requests in flight. Each request is decoded and handed over
+    as it is read and its response built by a callback on its answer, so a stream costs no
+    task per request (a model a front-end must look up first takes ``_infer`` in a task)."""
+
+    def __init__(self, edge: EdgeServicer, deadline_s: float) -> None:
+        self._edge = edge
+        self._deadline_s = deadline_s
+        self.results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        self._slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
+        self._in_flight: set[asyncio.Future[Any]] = set()  # answers not yet written
+        self._all_answered = asyncio.Event()
+        self._all_answered.set()
+
+    async def read(self, requests: AsyncIterator[pb.ModelInferRequest | Undecodable]) -> None:
+        """Start every request; ``None`` goes into ``results`` once all are answered."""
+        try:
+            async for request in requests:
+                await self._slots.acquire()
+                self._start(request)
+            await self._all_answered.wait()
+        finally:
+            self.results.put_nowait(None)
+
+    async def close(self, reader: asyncio.Task[None]) -> None:
+        """Stop reading and drop the answers still awaited (the call ended or was cancelled)."""
+        pending = (reader, *self._in_flight)
+        for future in pending:
+            future.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    def _start(self, request: pb.ModelInferRequest | Undecodable) -> None:
+        edge = self._edge
+        respond: Callable[[Any], pb.ModelInferResponse]
+        try:
+            checked = edge._checked(request)
+            model = edge._local_model(checked)
+            if model is None:
+                answer = asyncio.ensure_future(edge._infer(checked, self._deadline_s))
+                respond = _as_is
+            else:
+                pending = edge._admit(checked, model, self._deadline_s)
+                answer, respond = asyncio.ensure_future(pending.answer), pending.respond
+        except Exception as error:
+            self.results.put_nowait(edge._stream_error(request, error))
+            self._slots.release()
+            return
+        self._in_flight.add(answer)
+        self._all_answered.clear()
+        answer.add_done_callback(functools.partial(self._answered, request, respond))
+
+    def _answered(self, request: pb.ModelInferRequest | Undecodable,
+                  respond: Callable[[Any], pb.ModelInferResponse],
+                  answer: asyncio.Future[Any]) -> None:
+        if answer.cancelled():  # the stream is being torn down
+            return
+        try:
+            response = pb.ModelStreamInferResponse(infer_response=respond(answer.result()))
+        except Exception as error:  # every id is answered; a server bug as INTERNAL
+            response = self._edge._stream_error(request, error)
+        self.results.put_nowait(response)
+        self._in_flight.discard(answer)
+        self._slots.release()
+        if not self._in_flight:
+            self._all_answered.set()
+
+
+class _Pending:
+    """An admitted request: the answer to wait for, and how to encode it once it comes."""
+
+    __slots__ = ("answer", "chosen", "cpu", "lengths", "outputs", "request")
+
+    def __init__(self, answer: Awaitable[Any], request: pb.ModelInferRequest,
+                 outputs: Sequence[TensorSpec], chosen: Any, lengths: Any,
+                 cpu: CpuParts | None) -> None:
+        self.answer = answer
+        self.request = request
+        self.outputs = outputs
+        self.chosen = chosen
+        self.lengths = lengths
+        self.cpu = cpu
+
+    def respond(self, arrays: Any) -> pb.ModelInferResponse:
+        if self.lengths:
+            arrays = shapes.cut_outputs(arrays, self.outputs, self.lengths)
+        cpu = self.cpu
+        if cpu is None:
+            return codec.encode_response(self.request, self.outputs, self.chosen, arrays)
+        encoding_s = time.thread_time()
+        response = codec.encode_response(self.request, self.outputs, self.chosen, arrays)
+        cpu.add("encode", time.thread_time() - encoding_s)
+        return response
+
+
+def _as_is(response: pb.ModelInferResponse) -> pb.ModelInferResponse:
+    return response
 
 
 def _deadline_s(context: grpc.aio.ServicerContext) -> float:

@@ -1,5 +1,5 @@
 """The echo baselines of the overhead benchmarks answer every request with its own bytes, in
-each answering mode, under concurrent calls (``benchmarks.echo_server``)."""
+each answering mode, under concurrent unary calls and over a stream (``benchmarks.echo_server``)."""
 
 from __future__ import annotations
 
@@ -32,11 +32,14 @@ async def test_every_request_gets_its_own_echo(defer: str) -> None:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             responses = await asyncio.gather(*(stub.ModelInfer(_request(i)) for i in range(64)))
+            streamed = [answer.infer_response async for answer in
+                        stub.ModelStreamInfer(iter([_request(i) for i in range(8)]))]
     finally:
         await server.stop(None)
         if isinstance(servicer, DeferredEchoServicer):
             servicer.close()
-    for index, response in enumerate(responses):
+    assert [response.id for response in streamed] == [str(i) for i in range(8)]
+    for index, response in [*enumerate(responses), *enumerate(streamed)]:
         assert response.id == str(index)
         assert list(response.outputs[0].shape) == [1, 256]
         echoed = np.frombuffer(response.raw_output_contents[0], np.float32)
