@@ -31,6 +31,7 @@ from pathlib import Path
 
 from benchmarks.harness import (
     REPO,
+    STREAM,
     PerfPoint,
     Server,
     evenflow_argv,
@@ -39,8 +40,6 @@ from benchmarks.harness import (
     start,
     write_json,
 )
-
-STREAM = "+stream"  # a series over ModelStreamInfer; its ratios are to the echo servers' streams
 
 
 def main() -> None:
@@ -89,7 +88,7 @@ def main() -> None:
                     cpu_before = server.cpu_s()
                     point = perf_analyzer(server.url, "mlp", concurrency, args.out,
                                           window_ms=args.window_ms,
-                                          extra=("--streaming",) if streamed else ())
+                                          streaming=streamed)
                     cpu[name][concurrency].append(server.cpu_s() - cpu_before)
                     results[name][concurrency].append(point)
                     print(f"  {name:18s} c={concurrency:<3d} rep {repeat}: "

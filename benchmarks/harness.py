@@ -117,13 +117,20 @@ class PerfPoint:
     generator_cpu_s: float
 
 
+# The name suffix of a benchmark series measured over ModelStreamInfer (``streaming=True``).
+STREAM = "+stream"
+
+
 def perf_analyzer(url: str, model: str, concurrency: int, out_dir: Path, *, shape: str = "x:256",
-                  batch: int = 1, window_ms: int = 3000, extra: tuple[str, ...] = ()) -> PerfPoint:
-    """One closed-loop point over KServe v2 gRPC. An unstable measurement is kept and flagged,
+                  batch: int = 1, window_ms: int = 3000, extra: tuple[str, ...] = (),
+                  streaming: bool = False) -> PerfPoint:
+    """One closed-loop point over KServe v2 gRPC: unary calls, or with ``streaming`` one
+    ModelStreamInfer stream per concurrency slot. An unstable measurement is kept and flagged,
     not dropped."""
     return _perf_analyzer_point(
         url, model, ("--concurrency-range", f"{concurrency}:{concurrency}"), concurrency,
-        out_dir, inputs=_kserve_inputs(shape, batch), window_ms=window_ms, extra=extra)
+        out_dir, inputs=_kserve_inputs(shape, batch), window_ms=window_ms,
+        extra=(*extra, *(("--streaming",) if streaming else ())))
 
 
 def perf_analyzer_torchserve(url: str, model: str, concurrency: int, out_dir: Path, *,

@@ -49,6 +49,7 @@ import torch
 
 from benchmarks.harness import (
     REPO,
+    STREAM,
     PerfPoint,
     Server,
     evenflow_argv,
@@ -62,7 +63,6 @@ from evenflow.client import Client
 from evenflow.server.models.builtin import MLP_WIDTH, build_mlp
 
 MODEL = "mlp"
-STREAM = "+stream"  # a series measured over ModelStreamInfer on the server its name starts with
 _START_TIMEOUT_S = 180.0
 
 # The TorchServe handler: raw float32 rows in, raw float32 rows out, batched by TorchServe.
@@ -256,7 +256,7 @@ def main() -> None:
                                 window_ms=args.window_ms) if name == "torchserve"
                                 else perf_analyzer(servers[server].url, MODEL, concurrency,
                                                    args.out, window_ms=args.window_ms,
-                                                   extra=("--streaming",) if streamed else ()))
+                                                   streaming=streamed))
                             results[name][concurrency].append(point)
                             print(f"  {name:18s} c={concurrency:<3d} rep {repeat}: "
                                   f"{point.infer_per_s:8.0f} infer/s p50 {point.p50_ms:6.2f} "
