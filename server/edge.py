@@ -169,11 +169,8 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                                context: grpc.aio.ServicerContext
                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests are run concurrently; responses are written as they finish (match by id).
-        A failed request yields a response with ``error_message`` and the stream goes on.
-
-        A request is decoded and handed over as it is read, and its response is built by a
-        callback on its answer: no task per request (a model a front-end must look up first
-        takes the full path, in a task of its own)."""
+        A failed request yields a response with ``error_message`` and the stream goes on
+        (``_InferStream``)."""
         stream = _InferStream(self, _deadline_s(context))
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
