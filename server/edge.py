@@ -13,6 +13,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -392,30 +393,26 @@ class _InferStream:
             self._all_answered.set()
 
 
+@dataclass(slots=True)
 class _Pending:
     """An admitted request: the answer to wait for, and how to encode it once it comes."""
 
-    __slots__ = ("answer", "chosen", "cpu", "lengths", "outputs", "request")
-
-    def __init__(self, answer: Awaitable[Any], request: pb.ModelInferRequest,
-                 outputs: Sequence[TensorSpec], chosen: Any, lengths: Any,
-                 cpu: CpuParts | None) -> None:
-        self.answer = answer
-        self.request = request
-        self.outputs = outputs
-        self.chosen = chosen
-        self.lengths = lengths
-        self.cpu = cpu
+    answer: Awaitable[Any]
+    request: pb.ModelInferRequest
+    outputs: Sequence[TensorSpec]
+    chosen: list[int]  # indices into ``outputs`` of those the request asked for
+    lengths: tuple[int, ...] | None  # variable sizes to cut padded outputs back to
+    cpu: CpuParts | None
 
     def respond(self, arrays: Any) -> pb.ModelInferResponse:
         if self.lengths:
             arrays = shapes.cut_outputs(arrays, self.outputs, self.lengths)
         cpu = self.cpu
-        if cpu is None:
-            return codec.encode_response(self.request, self.outputs, self.chosen, arrays)
-        encoding_s = time.thread_time()
+        clock = time.thread_time if cpu is not None else cpu_accounting.no_clock
+        encoding_s = clock()
         response = codec.encode_response(self.request, self.outputs, self.chosen, arrays)
-        cpu.add("encode", time.thread_time() - encoding_s)
+        if cpu is not None:
+            cpu.add("encode", clock() - encoding_s)
         return response
 
 
