@@ -5,6 +5,10 @@ The tensor spec comes from the program itself: input names from the signature of
 dimension of every input and output must be dynamic (``torch.export.Dim``), or the program
 could only ever run one batch size. Outputs are named by the keys of a returned dict, else
 ``output__0``, ``output__1``, ... (the names Triton's PyTorch backend uses).
+
+A graph records devices in its nodes (``torch.arange(n, device=x.device)`` exported on a CPU
+keeps ``device=cpu``), which moving the module's parameters leaves alone; so each replica off
+the CPU loads its own copy of the program and places it with torch.export's device pass.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.export.passes import move_to_device_pass
 
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
 
@@ -39,8 +44,21 @@ def load_exported(path: Path) -> ModelDefinition:
         raise ExportedProgramError(f"{path}: not a torch.export program ({exc})") from exc
     inputs = _input_specs(path, program)
     outputs = _output_specs(path, program)
-    return ModelDefinition(module=program.module(), inputs=inputs, outputs=outputs,
-                           platform="pytorch_exported_program", traceable=False)
+    return ModelDefinition(module=placed_program(program, torch.device("cpu")), inputs=inputs,
+                           outputs=outputs, platform="pytorch_exported_program",
+                           traceable=False, place=lambda device: load_placed(path, device))
+
+
+def load_placed(path: Path, device: torch.device) -> torch.nn.Module:
+    """A fresh copy of the program in ``path``, its weights and graph on ``device``."""
+    return placed_program(torch.export.load(str(path)), device)
+
+
+def placed_program(program: torch.export.ExportedProgram,
+                   device: torch.device) -> torch.nn.Module:
+    """``program`` as a module whose weights and every device a node names are ``device``.
+    The pass rewrites ``program`` in place: give it one nobody else holds."""
+    return move_to_device_pass(program, device).module()
 
 
 def _tensor_spec(path: Path, name: str, value: Any) -> TensorSpec:

@@ -94,8 +94,16 @@ def load_torchscript(path: Path) -> ModelDefinition:
     def tensors(key: str) -> list[TensorSpec]:
         return [TensorSpec(t["name"], t["datatype"], tuple(t["shape"])) for t in spec[key]]
 
+    return ModelDefinition(module=load_torchscript_module(path, torch.device("cpu")),
+                           inputs=tensors("inputs"), outputs=tensors("outputs"),
+                           platform="pytorch_torchscript",
+                           place=lambda device: load_torchscript_module(path, device))
+
+
+def load_torchscript_module(path: Path, device: torch.device) -> torch.nn.Module:
+    """The TorchScript module in ``path`` with its tensors loaded straight onto ``device``
+    (``map_location``: also the tensors its code holds, which moving parameters misses)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*torch\.jit\..*deprecated")
-        module = torch.jit.load(str(path), map_location="cpu").eval()
-    return ModelDefinition(module=module, inputs=tensors("inputs"), outputs=tensors("outputs"),
-                           platform="pytorch_torchscript")
+        module: torch.nn.Module = torch.jit.load(str(path), map_location=device).eval()
+    return module

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,6 +64,12 @@ class ModelDefinition:
 
     ``module(*inputs)`` takes one tensor per input in ``inputs`` order (batch first) and returns a
     tensor, a tuple/list in ``outputs`` order, or a dict keyed by output name.
+
+    ``module`` is shared by every replica and never changed: a replica on another device or in
+    another dtype runs a copy of its own (``evenflow.server.workers.replica_module``). Where
+    moving parameters is not enough to run elsewhere (a ``torch.export`` graph records devices
+    in its nodes; a TorchScript file decides at load where its tensors go), ``place(device)``
+    builds a fresh module for ``device``, and ``module`` is then the one placed on the CPU.
     """
 
     module: torch.nn.Module
@@ -73,6 +79,7 @@ class ModelDefinition:
     sim_profile: SimProfile = field(default_factory=SimProfile)
     traceable: bool = True  # False when forward has effects a trace would drop (sleeps, I/O)
     padding: Padding | None = None  # variable dims may be padded to buckets (see Padding)
+    place: Callable[[torch.device], torch.nn.Module] | None = None  # see the class docstring
     # Whether requests can differ in non-batch shape (then they batch by shape); set from inputs.
     variable_shapes: bool = field(init=False, default=False)
 

@@ -15,7 +15,9 @@ from evenflow.balancer.job import BatchResult, BatchTiming, Job
 from evenflow.server import cpu_accounting
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
+from evenflow.server.workers.cuda_sync import blocking_event, wait_for_stream
 from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.replica_module import module_for
 from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
 from evenflow.server.workers.thread_worker import ThreadExit, ThreadWorker
 from evenflow.server.workers.tracing import trace_or_keep
@@ -26,7 +28,11 @@ class TorchWorker(ThreadWorker):
 
     A batch's inputs are concatenated along the batch dimension, copied to the device (on CUDA,
     on the worker's own stream), run, copied back and split per job. Floating-point inputs are
-    cast to ``dtype`` (``--dtype``) and outputs cast back to their wire datatype.
+    cast to ``dtype`` (``--dtype``) and outputs cast back to their wire datatype. The module is
+    this replica's own unless sharing the definition's is safe (see ``replica_module``); waits
+    for the GPU sleep on a blocking event. Running out of device memory anywhere in a batch
+    raises ``OutOfMemory`` with the batch's tensors already freed, so the balancer's split
+    halves can use that memory.
     """
 
     def __init__(self, *, model_name: str, definition: ModelDefinition, device: DeviceSpec,
@@ -37,14 +43,13 @@ class TorchWorker(ThreadWorker):
         self._device = torch.device("cuda", device.index) if device.kind == "cuda" else \
             torch.device("cpu")
         self._dtype = dtype
-        module = definition.module.to(self._device)
-        if dtype != torch.float32:
-            module = module.to(dtype)
+        module = module_for(definition, self._device, dtype)
         if definition.traceable:
             module = trace_or_keep(module, definition.inputs, name=model_name,
                                    device=self._device, float_dtype=dtype)
         self._module = module
         self._stream: Any = None
+        self._stream_done: Any = None  # a blocking event, reused for every wait on the stream
         super().__init__(name=f"{model_name}@{device.name}", devices=[device.name])
 
     @contextlib.contextmanager
@@ -56,6 +61,7 @@ class TorchWorker(ThreadWorker):
             if self._device.type == "cuda":
                 torch.cuda.set_device(self._device)
                 self._stream = torch.cuda.Stream(self._device)
+                self._stream_done = blocking_event()
                 with torch.cuda.stream(self._stream):
                     yield
             else:
@@ -63,9 +69,22 @@ class TorchWorker(ThreadWorker):
 
     def _sync(self) -> None:
         if self._stream is not None:
-            self._stream.synchronize()
+            wait_for_stream(self._stream, self._stream_done)
 
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
+        try:
+            return self._run_batch(jobs)
+        except torch.OutOfMemoryError as exc:
+            # Only the message leaves this handler: the exception's traceback holds the batch's
+            # device tensors (inputs, activations), and the balancer retries the halves while
+            # it holds our error, so chaining would keep them allocated through every retry.
+            message = str(exc)
+        self._release_memory()
+        raise OutOfMemory(f"out of memory on {self._device}: {message}")
+
+    def _run_batch(self, jobs: Sequence[Job]) -> BatchResult:
+        """Copy in, compute, copy out; every device allocation of the batch happens here, so an
+        out-of-memory anywhere in it splits the batch (see ``_execute``)."""
         clock = time.thread_time if self._measure_cpu else cpu_accounting.no_clock
         c0, t0 = clock(), time.perf_counter()
         inputs = batch_inputs(jobs, self._definition.inputs, self._device, self._dtype)
@@ -74,8 +93,8 @@ class TorchWorker(ThreadWorker):
         try:
             raw_outputs = self._module(*inputs)
             self._sync()
-        except torch.OutOfMemoryError as exc:
-            raise OutOfMemory(f"out of memory on {self._device}: {exc}") from exc
+        except torch.OutOfMemoryError:
+            raise
         except Exception as exc:
             raise BatchFailed(f"model raised {type(exc).__name__}: {exc}") from exc
         c2, t2 = clock(), time.perf_counter()
@@ -84,6 +103,14 @@ class TorchWorker(ThreadWorker):
         return BatchResult(per_job, BatchTiming(t1 - t0, t2 - t1, t3 - t2),
                            BatchTiming(c1 - c0, c2 - c1, c3 - c2) if self._measure_cpu
                            else None)
+
+    def _release_memory(self) -> None:
+        """After an out-of-memory, once the batch's tensors are dropped: let the failed batch's
+        queued kernels finish, then hand the cached blocks back, so the retried halves (and
+        other processes on the device) find the memory whole rather than fragmented."""
+        if self._stream is not None:
+            self._sync()
+            torch.cuda.empty_cache()
 
 
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}

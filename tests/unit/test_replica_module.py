@@ -1,0 +1,174 @@
+"""Each replica owns its module: one definition, several devices or dtypes, no shared weights."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from evenflow.balancer import Job
+from evenflow.server.config import ModelConfig, ServerConfig
+from evenflow.server.model_control import ModelManager
+from evenflow.server.models.spec import ModelDefinition, TensorSpec
+from evenflow.server.served import ModelTable
+from evenflow.server.workers import torch_worker
+from evenflow.server.workers.devices import DeviceSpec, parse_devices
+from evenflow.server.workers.replica_module import module_for
+from evenflow.server.workers.torch_worker import TorchWorker
+
+pytestmark = pytest.mark.timeout(60)
+
+CPU = torch.device("cpu")
+META = torch.device("meta")
+
+
+class Tied(torch.nn.Module):
+    """A linear layer, a buffer and an output head tied to the input projection."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = torch.nn.Linear(4, 4, bias=False)
+        self.out = torch.nn.Linear(4, 4, bias=False)
+        self.out.weight = self.inp.weight
+        self.register_buffer("scale", torch.full((4,), 0.5))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.inp(x)) * self.scale)
+
+
+def definition() -> ModelDefinition:
+    return ModelDefinition(module=Tied().eval(), inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                           outputs=[TensorSpec("y", "FP32", (-1, 4))])
+
+
+def tensors(module: torch.nn.Module) -> Iterator[torch.Tensor]:
+    yield from module.parameters()
+    yield from module.buffers()
+
+
+def storages(module: torch.nn.Module) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors(module)}
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, tuple[torch.device, torch.dtype, int]]:
+    return {name: (t.device, t.dtype, t.untyped_storage().data_ptr())
+            for name, t in module.state_dict(keep_vars=True).items()}
+
+
+def test_a_replica_on_another_device_owns_its_module_and_the_definition_is_untouched() -> None:
+    model = definition()
+    before = snapshot(model.module)
+    placed = module_for(model, META, torch.float32)
+    assert placed is not model.module
+    assert all(t.device == META for t in tensors(placed))
+    assert snapshot(model.module) == before
+    assert not {id(t) for t in tensors(placed)} & {id(t) for t in tensors(model.module)}
+    assert placed.out.weight is placed.inp.weight  # tied weights stay tied in the copy
+    assert placed(torch.ones(2, 4, device=META)).device == META
+
+
+def test_replicas_in_different_dtypes_share_no_storage() -> None:
+    model = definition()
+    before = snapshot(model.module)
+    wide = module_for(model, CPU, torch.float64)
+    narrow = module_for(model, CPU, torch.bfloat16)
+    assert snapshot(model.module) == before
+    assert {t.dtype for t in wide.parameters()} == {torch.float64}
+    assert {t.dtype for t in narrow.parameters()} == {torch.bfloat16}
+    assert wide.steps.dtype == narrow.steps.dtype == torch.int64  # only floats are cast
+    assert not storages(wide) & storages(narrow)
+    assert not (storages(wide) | storages(narrow)) & storages(model.module)
+
+
+def test_cpu_float32_replicas_share_the_loaded_module() -> None:
+    model = definition()
+    assert module_for(model, CPU, torch.float32) is model.module
+    assert module_for(model, CPU, torch.float32) is model.module
+
+
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script.*deprecated:DeprecationWarning")
+def test_a_scripted_module_is_copied_not_moved() -> None:
+    model = ModelDefinition(module=torch.jit.script(Tied().eval()),
+                            inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                            outputs=[TensorSpec("y", "FP32", (-1, 4))])
+    before = snapshot(model.module)
+    wide = module_for(model, CPU, torch.float64)
+    assert snapshot(model.module) == before
+    assert {t.dtype for t in wide.parameters()} == {torch.float64}
+    assert not storages(wide) & storages(model.module)
+
+
+def test_a_definition_that_places_itself_builds_each_device_its_own() -> None:
+    built: list[torch.device] = []
+
+    def place(device: torch.device) -> torch.nn.Module:
+        built.append(device)
+        return Tied().to(device)
+
+    model = ModelDefinition(module=Tied().eval(), inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                            outputs=[TensorSpec("y", "FP32", (-1, 4))], place=place)
+    placed = module_for(model, META, torch.bfloat16)
+    assert built == [META]
+    assert {t.dtype for t in placed.parameters()} == {torch.bfloat16}
+    assert module_for(model, CPU, torch.float32) is model.module  # loaded on the CPU already
+    assert built == [META]
+
+
+def run_job(x: np.ndarray) -> list[Job]:
+    return [Job([x], x.shape[0], 0.0, math.inf, asyncio.get_running_loop().create_future())]
+
+
+async def test_workers_in_two_dtypes_from_one_definition_both_answer() -> None:
+    """Before each replica owned its module, building the second cast the first one's weights
+    (``nn.Module.to`` is in place), so the first failed every batch."""
+    model = definition()
+    reference = Tied().eval()
+    before = snapshot(model.module)
+    cpu = DeviceSpec("cpu", 0, "cpu:0")
+    wide = TorchWorker(model_name="tied", definition=model, device=cpu, dtype=torch.float64)
+    narrow = TorchWorker(model_name="tied", definition=model, device=cpu, dtype=torch.bfloat16)
+    try:
+        assert snapshot(model.module) == before
+        assert not storages(wide._module) & storages(narrow._module)
+        x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+        with torch.inference_mode():
+            want = reference(torch.from_numpy(x)).numpy()
+        got_wide = (await wide.run(run_job(x))).outputs[0][0]
+        got_narrow = (await narrow.run(run_job(x))).outputs[0][0]
+    finally:
+        await wide.close()
+        await narrow.close()
+    np.testing.assert_allclose(got_wide, want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got_narrow, want, rtol=5e-2, atol=5e-2)
+
+
+async def test_a_joining_device_gets_its_replica_through_module_for(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[ModelDefinition, torch.device, torch.dtype]] = []
+
+    def recording(model: ModelDefinition, device: torch.device,
+                  dtype: torch.dtype) -> torch.nn.Module:
+        calls.append((model, device, dtype))
+        return module_for(model, device, dtype)
+
+    monkeypatch.setattr(torch_worker, "module_for", recording)
+    config = ServerConfig(models=(ModelConfig("tied", "tests.unit.test_replica_module:"
+                                              "definition"),), workers="thread")
+    table = ModelTable()
+    manager = ModelManager(config, table, parse_devices("cpu:0"))
+    await manager.start()
+    try:
+        served = table.get("tied")
+        assert [device for _, device, _ in calls] == [CPU]
+        await manager.add_device(parse_devices("cpu:1")[0])
+        assert [device for _, device, _ in calls] == [CPU, CPU]
+        assert all(model is served.definition for model, _, _ in calls)
+        assert len(served.balancer.replicas) == 2
+    finally:
+        await manager.close(grace_s=1.0)
