@@ -1,0 +1,102 @@
+"""Out of memory anywhere in a batch (copy in, compute, copy out) is OutOfMemory, raised with
+the batch's tensors already freed, so the balancer's split halves can use that memory."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from evenflow.balancer import BalancerConfig, Job, ModelBalancer, OutOfMemory
+from evenflow.server.models.spec import ModelDefinition, TensorSpec
+from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.torch_worker import TorchWorker
+
+pytestmark = pytest.mark.timeout(30)
+
+FAKE_OOM = "CUDA out of memory. Tried to allocate 2.00 GiB (a fake, raised by the test)"
+
+
+class OomOnCopyOut(torch.Tensor):
+    """A device output whose copy back to the host runs out of memory."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if func in (torch.Tensor.cpu, torch.Tensor.to):
+            raise torch.OutOfMemoryError(FAKE_OOM)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+class Recording(torch.nn.Module):
+    """Keeps weak references to what it saw and made; ``fails(batch)`` says whether this batch
+    runs out of memory, and where: ``"compute"``, ``"copy-out"`` or ``""`` (it fits)."""
+
+    def __init__(self, fails: Callable[[int], str]) -> None:
+        super().__init__()
+        self.fails = fails
+        self.seen: list[weakref.ref[torch.Tensor]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        activation = x * 2.0
+        self.seen += [weakref.ref(x), weakref.ref(activation)]
+        where = self.fails(x.shape[0])
+        if where == "compute":
+            raise torch.OutOfMemoryError(FAKE_OOM)
+        if where == "copy-out":
+            return activation.as_subclass(OomOnCopyOut)
+        return activation
+
+
+def worker_for(module: Recording) -> TorchWorker:
+    definition = ModelDefinition(module=module, inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                                 outputs=[TensorSpec("y", "FP32", (-1, 4))], traceable=False)
+    return TorchWorker(model_name="oom", definition=definition,
+                       device=DeviceSpec("cpu", 0, "cpu:0"))
+
+
+def one_job(rows: int) -> list[Job]:
+    x = np.ones((rows, 4), dtype=np.float32)
+    return [Job([x], rows, 0.0, math.inf, asyncio.get_running_loop().create_future())]
+
+
+@pytest.mark.parametrize("where", ["compute", "copy-out"])
+async def test_out_of_memory_frees_the_batch_and_carries_only_the_message(where: str) -> None:
+    module = Recording(lambda batch: where)
+    worker = worker_for(module)
+    try:
+        with pytest.raises(OutOfMemory, match="out of memory on cpu: CUDA out of memory") as info:
+            await worker.run(one_job(3))
+    finally:
+        await worker.close()
+    error = info.value
+    assert error.__cause__ is None
+    assert error.__context__ is None or error.__suppress_context__
+    assert len(module.seen) == 2
+    assert [ref() for ref in module.seen] == [None, None]  # input and activation are freed
+
+
+async def test_the_balancer_splits_a_batch_whose_copy_out_runs_out_of_memory() -> None:
+    module = Recording(lambda batch: "copy-out" if batch > 2 else "")
+    worker = worker_for(module)
+    config = BalancerConfig(adaptive_batching=False, max_batch=8, max_wait_s=0.0)
+    balancer = ModelBalancer(model_name="oom", workers=[worker], config=config,
+                             rng=random.Random(0))
+    rows = [np.full((1, 4), float(i), dtype=np.float32) for i in range(8)]
+    balancer.start()
+    futures = [balancer.submit([x], 1) for x in rows]  # all queued before the replica runs
+    try:
+        answers = await asyncio.gather(*futures)
+    finally:
+        await balancer.close()
+        await worker.close()
+    for x, answer in zip(rows, answers, strict=True):
+        np.testing.assert_array_equal(answer[0], x * 2.0)
+    assert balancer.replicas[0].controller.cap <= 2
