@@ -29,3 +29,25 @@ def export_two_heads(path: Path, *, dynamic_batch: bool = True) -> torch.nn.Modu
     dynamic = {"x": {0: batch}, "ids": {0: batch}} if dynamic_batch else None
     torch.export.save(torch.export.export(module, example, dynamic_shapes=dynamic), str(path))
     return module
+
+
+class WithPositions(torch.nn.Module):
+    """Adds each column's position, made on the input's device: exported on a CPU, the graph's
+    ``arange`` node records ``device=cpu``, which moving the parameters does not change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + torch.arange(x.shape[1], device=x.device, dtype=x.dtype)
+
+
+def export_with_positions(path: Path) -> torch.nn.Module:
+    """Export WithPositions (on the CPU) to ``path``; returns the eager module."""
+    module = WithPositions().eval()
+    batch = torch.export.Dim("batch", max=1024)
+    program = torch.export.export(module, (torch.ones(2, 8),), dynamic_shapes={"x": {0: batch}})
+    torch.export.save(program, str(path))
+    return module

@@ -12,7 +12,9 @@ touched.
 from __future__ import annotations
 
 import copy
+import io
 import itertools
+import warnings
 
 import torch
 
@@ -44,17 +46,34 @@ def copied_to(module: torch.nn.Module, device: torch.device,
               dtype: torch.dtype) -> torch.nn.Module:
     """A deep copy of ``module`` whose parameters and buffers are made directly on ``device``
     (floating ones in ``dtype``), without first copying them on the host; tied weights stay
-    tied. ``module`` is unchanged."""
-    with torch.no_grad():  # else a ScriptModule's copied parameters are autograd non-leaves
-        if isinstance(module, torch.jit.ScriptModule):
-            # A ScriptModule copies its C++ state as a whole (it ignores a deepcopy memo).
-            return _cast_owned(copy.deepcopy(module).to(device=device), dtype)
+    tied (a ScriptModule is copied through its serialized form). ``module`` is unchanged."""
+    if isinstance(module, torch.jit.ScriptModule):
+        return _cast_owned(_reloaded_script(module, device), dtype)
+    with torch.no_grad():
         memo: dict[int, object] = {}
         for tensor in _tensors(module):
             if id(tensor) not in memo:
                 memo[id(tensor)] = _converted(tensor, device, dtype)
-        copied: torch.nn.Module = copy.deepcopy(module, memo)
+        with warnings.catch_warnings():
+            # torch's own deprecation, raised by copying the pytree specs an exported
+            # program's module (a GraphModule) carries: nothing a caller can act on.
+            warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*deprecated",
+                                    category=FutureWarning)
+            copied: torch.nn.Module = copy.deepcopy(module, memo)
     return copied
+
+
+def _reloaded_script(module: torch.jit.ScriptModule, device: torch.device) -> torch.nn.Module:
+    """A ScriptModule copied through its serialized form, loaded straight onto ``device``: a
+    deepcopy would ignore the memo (it copies the C++ module whole), and ``.to`` would miss the
+    tensors its code holds as constants, which ``map_location`` moves too."""
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.jit\..*deprecated")
+        torch.jit.save(module, buffer)
+        buffer.seek(0)
+        loaded: torch.nn.Module = torch.jit.load(buffer, map_location=device)
+    return loaded.train(module.training)
 
 
 def _converted(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -10,7 +10,8 @@ import torch
 
 from evenflow.client import AsyncClient
 from evenflow.server.models.exported import ExportedProgramError, load_exported
-from tests.exported_programs import export_two_heads
+from evenflow.server.workers.replica_module import module_for
+from tests.exported_programs import export_two_heads, export_with_positions
 from tests.integration.inprocess import running_app
 
 pytestmark = pytest.mark.timeout(90)
@@ -58,3 +59,41 @@ def test_a_file_that_is_not_a_program_is_refused(tmp_path: Path, content: bytes 
         path.write_bytes(content)
     with pytest.raises(ExportedProgramError, match=r"broken\.pt2"):
         load_exported(path)
+
+
+def devices_named_in_graph(module: torch.nn.Module) -> set[str]:
+    graph = module.graph
+    assert isinstance(graph, torch.fx.Graph)
+    return {str(node.kwargs["device"]) for node in graph.nodes if "device" in node.kwargs}
+
+
+def test_a_replica_off_the_cpu_gets_the_program_placed_on_its_device(tmp_path: Path) -> None:
+    """Moving the module's parameters (``program.module().to(device)``) leaves the graph's
+    ``arange(..., device=cpu)`` on the CPU; the device pass rewrites it for the replica."""
+    path = tmp_path / "positions.pt2"
+    export_with_positions(path)
+    definition = load_exported(path)
+    assert devices_named_in_graph(definition.module) == {"cpu"}
+    meta = torch.device("meta")
+    placed = module_for(definition, meta, torch.float32)
+    assert devices_named_in_graph(placed) == {"meta"}
+    assert {p.device for p in placed.parameters()} == {meta}
+    with torch.inference_mode():
+        assert placed(torch.ones(3, 8, device=meta)).shape == (3, 8)
+    # The definition's own module still runs on the CPU, and CPU replicas share it.
+    assert devices_named_in_graph(definition.module) == {"cpu"}
+    assert {p.device for p in definition.module.parameters()} == {torch.device("cpu")}
+    assert module_for(definition, torch.device("cpu"), torch.float32) is definition.module
+
+
+async def test_a_program_that_makes_tensors_serves_what_it_computes_eagerly(
+        tmp_path: Path) -> None:
+    path = tmp_path / "positions.pt2"
+    eager = export_with_positions(path)
+    x = np.random.default_rng(2).standard_normal((4, 8)).astype(np.float32)
+    with torch.inference_mode():
+        want = eager(torch.from_numpy(x)).numpy()
+    async with running_app((("positions", str(path)),)) as (_, url), \
+            AsyncClient(url) as client:
+        got = await client.infer("positions", {"x": x})
+    np.testing.assert_allclose(got["output__0"], want, rtol=1e-6, atol=1e-6)

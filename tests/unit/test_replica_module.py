@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ import torch
 from evenflow.balancer import Job
 from evenflow.server.config import ModelConfig, ServerConfig
 from evenflow.server.model_control import ModelManager
+from evenflow.server.models.repository import load_torchscript
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
 from evenflow.server.served import ModelTable
 from evenflow.server.workers import torch_worker
@@ -35,6 +38,7 @@ class Tied(torch.nn.Module):
         self.inp = torch.nn.Linear(4, 4, bias=False)
         self.out = torch.nn.Linear(4, 4, bias=False)
         self.out.weight = self.inp.weight
+        self.scale: torch.Tensor
         self.register_buffer("scale", torch.full((4,), 0.5))
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
 
@@ -118,6 +122,36 @@ def test_a_definition_that_places_itself_builds_each_device_its_own() -> None:
     assert {t.dtype for t in placed.parameters()} == {torch.bfloat16}
     assert module_for(model, CPU, torch.float32) is model.module  # loaded on the CPU already
     assert built == [META]
+
+
+class WithOffset(torch.nn.Module):
+    """Holds a plain tensor attribute, which a trace records as a constant of its code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(4, 4)
+        self.offset = torch.ones(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + self.offset
+
+
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\..*deprecated:DeprecationWarning")
+def test_a_torchscript_file_is_loaded_onto_each_replicas_device(tmp_path: Path) -> None:
+    path = tmp_path / "offset.pt"
+    torch.jit.trace(WithOffset().eval(), (torch.ones(2, 4),)).save(str(path))
+    spec = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}
+    path.with_name(path.name + ".json").write_text(json.dumps(spec))
+    model = load_torchscript(path)
+    before = snapshot(model.module)
+    placed = module_for(model, META, torch.float32)
+    assert {t.device for t in tensors(placed)} == {META}
+    with torch.inference_mode():  # the traced constant is on the replica's device too
+        assert placed(torch.ones(3, 4, device=META)).device == META
+    assert snapshot(model.module) == before
+    assert module_for(model, CPU, torch.float32) is model.module
 
 
 def run_job(x: np.ndarray) -> list[Job]:
