@@ -11,7 +11,11 @@ gRPC status; nothing here knows about gRPC.
     ├── BatchFailed                INTERNAL: the model raised while running the batch
     │   └── OutOfMemory            INTERNAL once retries are exhausted; the balancer splits first
     └── WorkerLost                 UNAVAILABLE: the worker died or hung (its work is re-run once
-                                   elsewhere first)
+        │                          elsewhere first)
+        └── DeviceLost             UNAVAILABLE: the device's context is poisoned (a sticky CUDA
+                                   error such as a device-side assert): the replica leaves
+                                   routing for good, its work is re-run once elsewhere; a worker
+                                   in its own process is restarted into a fresh context
 """
 
 from __future__ import annotations
@@ -68,3 +72,8 @@ class WorkerLost(EvenflowError):
     """The worker died, or did not answer within the watchdog: its batch never finished."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+class DeviceLost(WorkerLost):
+    """The device failed in a way that poisons its context for every later batch (a CUDA
+    device-side assert, an illegal memory access): no batch on this context can succeed again."""
