@@ -38,15 +38,23 @@ class BalancerConfig:
         max_batch: largest batch a replica runs, and the largest request admitted.
         max_wait_s: longest a request waits for its batch to fill before the batch runs anyway.
         latency_target_s: per-request latency the batch-size controller aims to stay within.
+            It is not a promise: admission refuses against it only when it is declared an SLO.
+        slo_s: a declared latency SLO (None: none). A request predicted to finish later than
+            this after it arrived is refused at once with ``Overloaded``, so what is accepted
+            under overload still meets it. At least ``latency_target_s``.
         max_queued_requests, max_queued_samples: admission bounds in count over all of the
             model's queues (requests, samples; None: no sample bound); beyond them a request is
             refused with ``Overloaded``.
         max_queue_delay_s: admission bound in time: a request predicted to wait longer than
-            this before its batch starts is refused at once with ``Overloaded``. None (the
-            default) bounds the prediction by the latency target instead: a request predicted
-            to finish later than ``latency_target_s`` after it arrived is refused, so what is
-            accepted under overload still meets the target. A request predicted to finish after
-            its own deadline is refused either way.
+            this before its batch starts is refused at once with ``Overloaded`` (inf: no bound).
+            None (the default) is the default budget when no SLO is declared (see
+            ``queue_budget_s``), and no bound when one is (the SLO bounds the wait). A request
+            predicted to finish after its own deadline is refused either way.
+        queue_budget_targets, queue_budget_floor_s: the default queueing budget,
+            ``max(queue_budget_targets * latency_target_s, queue_budget_floor_s)``. Half a second
+            of queueing holds a closed loop of a few hundred clients (the queue is bounded by
+            their number) on a model answering a thousand requests a second, and keeps what an
+            open-loop overload gets accepted within about a second.
         work_stealing: a replica that is idle, or starts a batch with room left, takes queued
             work from the busiest while it would finish sooner there (``least-work`` only).
         late_binding: as a replica is about to start a batch, jobs in it that another replica
@@ -69,9 +77,12 @@ class BalancerConfig:
     max_batch: int = 64
     max_wait_s: float = 0.002
     latency_target_s: float = 0.050
+    slo_s: float | None = None
     max_queued_requests: int = 4096
     max_queued_samples: int | None = None
     max_queue_delay_s: float | None = None
+    queue_budget_targets: float = 1.0
+    queue_budget_floor_s: float = 0.5
     work_stealing: bool = True
     late_binding: bool = True
     watchdog_s: float = 30.0
@@ -88,6 +99,19 @@ class BalancerConfig:
         if default is not None and not 1 <= default <= self.priority_levels:
             raise ValueError(f"default_priority_level {default} is outside the levels "
                              f"1..{self.priority_levels}")
+        if self.slo_s is not None and not self.slo_s >= self.latency_target_s:
+            # Batches sized for a longer target than the SLO would break it at moderate load.
+            raise ValueError(f"slo_s {self.slo_s} is below latency_target_s "
+                             f"{self.latency_target_s}: batch sizes would aim past the SLO")
+
+    @property
+    def queue_budget_s(self) -> float | None:
+        """The longest predicted wait for a batch that admission accepts; None: no bound."""
+        if self.max_queue_delay_s is not None:
+            return None if math.isinf(self.max_queue_delay_s) else self.max_queue_delay_s
+        if self.slo_s is not None:
+            return None
+        return max(self.queue_budget_targets * self.latency_target_s, self.queue_budget_floor_s)
 
     def level_of(self, priority: int) -> int:
         """The queue level (0 = most urgent) of a request asking for ``priority`` (0 = the
@@ -124,6 +148,7 @@ class ModelBalancer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.count()
         self._default_level = config.level_of(0)
+        self._queue_budget_s = config.queue_budget_s  # read on every request
         self._shared_queue = (JobQueue(config.priority_levels, self.counters.dropped)
                               if config.policy is Policy.SHARED_QUEUE else None)
         self._many = len(workers) > 1  # stealing and late binding need another replica
@@ -283,9 +308,10 @@ class ModelBalancer:
     def _admit_in_time(self, replica: Replica, num_samples: int, now_s: float, finish_s: float,
                        deadline_s: float) -> None:
         """Refuse now what the latency model predicts cannot finish in time (Nexus-style early
-        drop), rather than queue it to time out later. A replica that has not measured a batch
-        yet has no prediction (infinite work): it is given the benefit of the doubt, within
-        the count bounds, until its first batch is measured."""
+        drop), rather than queue it to time out later: past its own deadline, past the queueing
+        budget, or past the declared SLO. A replica that has not measured a batch yet has no
+        prediction (infinite work): it is given the benefit of the doubt, within the count
+        bounds, until its first batch is measured."""
         config, counters = self.config, self.counters
         if not math.isfinite(finish_s):
             return
@@ -294,26 +320,29 @@ class ModelBalancer:
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
                              f"{finish_s * 1e3:.0f} ms, after the request's deadline "
                              f"({(deadline_s - now_s) * 1e3:.0f} ms from now)")
-        if config.max_queue_delay_s is not None:
+        budget_s = self._queue_budget_s
+        if budget_s is not None:
             wait_s = finish_s - replica.estimator.predict_s(
                 max(num_samples, replica.controller.batch_size))
-            if wait_s > config.max_queue_delay_s:
+            if wait_s > budget_s:
                 counters.rejected["queue_delay"] += 1
                 raise Overloaded(f"model {self.model_name!r} is predicted to queue the request "
                                  f"for {wait_s * 1e3:.0f} ms, over the queueing budget of "
-                                 f"{config.max_queue_delay_s * 1e3:.0f} ms")
+                                 f"{budget_s * 1e3:.0f} ms (--max-queue-delay-ms)")
+        slo_s = config.slo_s
+        if slo_s is None:
             return
         if replica.queue.num_samples + num_samples <= replica.controller.batch_size:
             # It joins the next batch: the batch sizes already keep that within the target
-            # (max wait + the running batch + its own), so a prediction near the target at
+            # (max wait + the running batch + its own), so a prediction near the SLO at
             # moderate load is no reason to refuse it.
             return
-        if finish_s + counters.lateness.margin_s > config.latency_target_s:
+        if finish_s + counters.lateness.margin_s > slo_s:
             counters.rejected["latency_target"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
                              f"{finish_s * 1e3:.0f} ms (+{counters.lateness.margin_s * 1e3:.0f} "
-                             "ms of measured lateness), over its latency target of "
-                             f"{config.latency_target_s * 1e3:.0f} ms")
+                             f"ms of measured lateness), over its SLO of {slo_s * 1e3:.0f} ms "
+                             "(--slo-ms)")
 
     def _leave_system(self, _: asyncio.Future[Any]) -> None:
         self._in_system -= 1

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evenflow.balancer import Policy
+from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.config import DTYPES, PARTITIONS, ServerConfig
 from evenflow.server.logs import configure_logging
 from evenflow.server.models.builtin import ENCODER_SIZES
@@ -49,6 +49,8 @@ def _floats(text: str) -> list[float]:
 def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",")]
 
+
+_QUEUE_BUDGET = BalancerConfig()  # where the default queueing budget is stated
 
 FLAGS: dict[str, list[Flag]] = {
     "network": [
@@ -91,15 +93,21 @@ FLAGS: dict[str, list[Flag]] = {
         Flag("--max-wait-ms", "balancing.max_wait_ms",
              "longest a request waits for its batch to fill", float),
         Flag("--latency-target-ms", "balancing.latency_target_ms",
-             "per-request latency the batch sizes aim for", float),
+             "per-request latency the batch sizes aim for (not a refusal bound: see --slo-ms)",
+             float),
+        Flag("--slo-ms", "balancing.slo_ms",
+             "declare a latency SLO: refuse at once a request predicted to answer later than "
+             "this (RESOURCE_EXHAUSTED); also the latency target unless --latency-target-ms "
+             "is given", float),
         Flag("--max-queued-requests", "balancing.max_queued_requests",
              "admission bound per model, in requests; beyond it RESOURCE_EXHAUSTED", int),
         Flag("--max-queue-samples", "balancing.max_queued_samples",
              "admission bound per model, in samples (default: none)", int),
         Flag("--max-queue-delay-ms", "balancing.max_queue_delay_ms",
              "refuse at once a request predicted to wait longer than this for its batch "
-             "(default: refuse one predicted to finish past the latency target; inf: only "
-             "past its own deadline)", float),
+             f"(default: {_QUEUE_BUDGET.queue_budget_targets:g} x the latency target, at least "
+             f"{_QUEUE_BUDGET.queue_budget_floor_s * 1000:g} ms; none with --slo-ms; inf: "
+             "refuse only what would miss its own deadline or the SLO)", float),
         Flag("--no-work-stealing", "balancing.work_stealing",
              "least-work without moving queued work to idle replicas", const=False),
         Flag("--no-late-binding", "balancing.late_binding",

@@ -13,7 +13,7 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
                  auth_token_file, auth_groups
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
     [balancing]  the defaults of every model: policy, batch_policy, max_batch, max_wait_ms,
-                 latency_target_ms, max_queued_requests, max_queued_samples,
+                 latency_target_ms, slo_ms, max_queued_requests, max_queued_samples,
                  max_queue_delay_ms, work_stealing, late_binding, watchdog_s, watchdog_floor_s,
                  priority_levels,
                  default_priority_level, pipeline_stages, pipeline_partition, repartition
@@ -116,6 +116,7 @@ class BalancingSection(_Section):
     max_batch: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
     max_wait_ms: NonNegativeFloat | None = None
     latency_target_ms: PositiveFloat | None = None
+    slo_ms: PositiveFloat | None = None
     max_queued_requests: Positive | None = None
     max_queued_samples: Positive | None = None
     max_queue_delay_ms: NonNegativeFloat | None = None
@@ -266,10 +267,15 @@ def _cross_checks(settings: Settings) -> list[Problem]:
         if max_batch > queued:
             report(batch_key, max_batch, "a full batch cannot fit in the admission bound "
                                          f"(max_queued_requests = {queued})")
-        (wait_ms, wait_key), (target_ms, _) = pick("max_wait_ms"), pick("latency_target_ms")
+        (wait_ms, wait_key), (target_ms, target_key) = (pick("max_wait_ms"),
+                                                        _latency_target(name, model, defaults))
         if wait_ms >= target_ms:
             report(wait_key, wait_ms, f"must be below latency_target_ms ({target_ms}): no "
                                       "batch could meet the target")
+        (slo_ms, slo_key) = pick("slo_ms")
+        if slo_ms is not None and target_ms > slo_ms:
+            report(target_key, target_ms, f"must not exceed slo_ms ({slo_ms}, {slo_key}): "
+                                          "batch sizes would aim past the SLO")
         (levels, _), (default_level, default_key) = (pick("priority_levels"),
                                                      pick("default_priority_level"))
         if default_level is not None and default_level > levels:
@@ -280,6 +286,19 @@ def _cross_checks(settings: Settings) -> list[Problem]:
             if reason:
                 report(f"{name}.source", model.source, reason)
     return list(problems.values())
+
+
+def _latency_target(name: str, model: BalancingSection,
+                    defaults: BalancingSection) -> tuple[float, str]:
+    """A model's latency target and the key that set it: the section's own
+    ``latency_target_ms``, else its own ``slo_ms`` (a declared SLO is also what batch sizes aim
+    for), else the same two of ``[balancing]``, else the default."""
+    for prefix, section in ((name, model), ("balancing", defaults)):
+        for key in ("latency_target_ms", "slo_ms"):
+            value = getattr(section, key)
+            if value is not None:
+                return value, f"{prefix}.{key}"
+    return file_defaults()["balancing"]["latency_target_ms"], "balancing.latency_target_ms"
 
 
 def file_defaults() -> dict[str, dict[str, Any]]:
@@ -310,6 +329,8 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                       "max_batch": balancer.max_batch,
                       "max_wait_ms": round(balancer.max_wait_s * 1000.0, 6),
                       "latency_target_ms": round(balancer.latency_target_s * 1000.0, 6),
+                      "slo_ms": None if balancer.slo_s is None
+                      else round(balancer.slo_s * 1000.0, 6),
                       "max_queued_requests": balancer.max_queued_requests,
                       "max_queued_samples": balancer.max_queued_samples,
                       "max_queue_delay_ms": None if balancer.max_queue_delay_s is None
@@ -398,14 +419,16 @@ def _set(**values: Any) -> dict[str, Any]:
 
 
 def _balancer(section: BalancingSection, base: BalancerConfig) -> BalancerConfig:
+    target_ms = section.latency_target_ms if section.latency_target_ms is not None \
+        else section.slo_ms
     return dataclasses.replace(base, **_set(
         policy=Policy(section.policy) if section.policy else None,
         adaptive_batching=(section.batch_policy == "adaptive") if section.batch_policy
         else None,
         max_batch=section.max_batch,
         max_wait_s=section.max_wait_ms / 1000.0 if section.max_wait_ms is not None else None,
-        latency_target_s=section.latency_target_ms / 1000.0
-        if section.latency_target_ms is not None else None,
+        latency_target_s=target_ms / 1000.0 if target_ms is not None else None,
+        slo_s=section.slo_ms / 1000.0 if section.slo_ms is not None else None,
         max_queued_requests=section.max_queued_requests,
         max_queued_samples=section.max_queued_samples,
         max_queue_delay_s=section.max_queue_delay_ms / 1000.0

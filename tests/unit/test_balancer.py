@@ -346,12 +346,12 @@ async def measured_balancer(make_balancer: Callable[..., ModelBalancer], **overr
     return balancer, worker
 
 
-async def test_admission_refuses_what_is_predicted_to_miss_the_latency_target(
+async def test_admission_refuses_what_is_predicted_to_miss_a_declared_slo(
         make_balancer: Callable[..., ModelBalancer], clock: FakeClock) -> None:
-    balancer, _ = await measured_balancer(make_balancer, latency_target_s=0.05)
+    balancer, _ = await measured_balancer(make_balancer, latency_target_s=0.05, slo_s=0.05)
     replica = balancer.replicas[0]
     admitted = 0
-    with pytest.raises(Overloaded, match="over its latency target of 50 ms"):
+    with pytest.raises(Overloaded, match="over its SLO of 50 ms"):
         for _ in range(100):
             predicted_s = replica.load(clock()).work_s(1)
             balancer.submit("q", 1)
