@@ -38,7 +38,7 @@ from evenflow.loadtest.slo_search import Probe, SearchSettings, SloGoodput, sear
 
 def _adaptive(policy: Policy) -> Callable[[Scenario, float], BalancerConfig]:
     def config(scenario: Scenario, slo_s: float) -> BalancerConfig:
-        return BalancerConfig(policy=policy, latency_target_s=slo_s,
+        return BalancerConfig(policy=policy, latency_target_s=slo_s, slo_s=slo_s,
                               max_batch=scenario.max_batch, max_queued_requests=100_000)
     return config
 
@@ -47,7 +47,7 @@ def _triton_like(scenario: Scenario, slo_s: float) -> BalancerConfig:
     fastest = DeviceCost(scenario.base_s, scenario.per_sample_s, max(scenario.speeds))
     size = max(largest_batch_within(fastest, slo_s, scenario.max_batch), scenario.sizes[1])
     return BalancerConfig(policy=Policy.SHARED_QUEUE, adaptive_batching=False, max_batch=size,
-                          latency_target_s=slo_s, max_queued_requests=100_000)
+                          latency_target_s=slo_s, slo_s=slo_s, max_queued_requests=100_000)
 
 
 POLICIES: dict[str, Callable[[Scenario, float], BalancerConfig]] = {

@@ -34,7 +34,7 @@ FULL_SPEED = ("sim0", "sim1")
 
 def virtual_goodput(slo_s: float, window: Window) -> float:
     steady = SCENARIOS[0]
-    config = BalancerConfig(latency_target_s=slo_s, max_queued_requests=100_000)
+    config = BalancerConfig(latency_target_s=slo_s, slo_s=slo_s, max_queued_requests=100_000)
 
     async def measure(rate_per_s: float, seed: int) -> Probe:
         return await probe(steady, config, rate_per_s, seed, window)
@@ -65,7 +65,7 @@ async def _fitted_base_s(url: str) -> float:
 def measure_real(slo_s: float, out: Path) -> tuple[dict[str, float], Window]:
     """The real server's SLO goodput, and its measured overheads as a virtual-time window."""
     steady = SCENARIOS[0]
-    server = start(evenflow_argv("--model", "sim", "--devices", DEVICES, "--latency-target-ms",
+    server = start(evenflow_argv("--model", "sim", "--devices", DEVICES, "--slo-ms",
                                  f"{slo_s * 1e3:g}", time_admission=True), out / "server.log")
     try:
         _loadtest(server.url, "--rate", f"{0.7 * steady.limit_per_s(slo_s):.0f}", "--out",
