@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -48,6 +50,31 @@ async def served(url: str, seconds: float, concurrency: int) -> float:
     return 8 * run.ok_per_s
 
 
+def measure(seconds: float, concurrency: int, out: Path,
+            on_phase: Callable[[str], None] = lambda phase: None) -> dict[str, Any]:
+    """Both measurements; ``on_phase("bare" | "served" | "done")`` marks where each begins (the
+    GPU check samples utilization by phase). The served phase starts once the server is up."""
+    on_phase("bare")
+    rates = bare_model(3.0)
+    best_batch = max(rates, key=rates.__getitem__)
+    torch.cuda.empty_cache()
+    server = start(evenflow_argv("--model", "encoder", "--encoder-size", "bert-base",
+                                 "--devices", "cuda:0", "--dtype", "bfloat16",
+                                 "--max-batch", "256", "--latency-target-ms", "200"),
+                   out / "gpu_encoder.log", timeout_s=300)
+    try:
+        on_phase("served")
+        evenflow_rate = asyncio.run(served(server.url, seconds, concurrency))
+    finally:
+        on_phase("done")
+        server.stop()
+    ratio = evenflow_rate / rates[best_batch]
+    print(f"bare model best: {rates[best_batch]:.0f} samples/s at batch {best_batch}; evenflow "
+          f"with 8-sample requests: {evenflow_rate:.0f} samples/s; ratio {ratio:.3f}")
+    return {"bare_per_batch": rates, "best_batch": best_batch,
+            "evenflow_samples_per_s": evenflow_rate, "ratio": ratio}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=20.0)
@@ -55,23 +82,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / ".bench")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    rates = bare_model(3.0)
-    best_batch = max(rates, key=rates.__getitem__)
-    torch.cuda.empty_cache()
-    server = start(evenflow_argv("--model", "encoder", "--encoder-size", "bert-base",
-                                 "--devices", "cuda:0", "--dtype", "bfloat16",
-                                 "--max-batch", "256", "--latency-target-ms", "200"),
-                   args.out / "gpu_encoder.log", timeout_s=300)
-    try:
-        evenflow_rate = asyncio.run(served(server.url, args.seconds, args.concurrency))
-    finally:
-        server.stop()
-    ratio = evenflow_rate / rates[best_batch]
-    print(f"bare model best: {rates[best_batch]:.0f} samples/s at batch {best_batch}; evenflow "
-          f"with 8-sample requests: {evenflow_rate:.0f} samples/s; ratio {ratio:.3f}")
-    write_json(args.out / "gpu_encoder.json", {"bare_per_batch": rates, "best_batch": best_batch,
-                                               "evenflow_samples_per_s": evenflow_rate,
-                                               "ratio": ratio})
+    write_json(args.out / "gpu_encoder.json", measure(args.seconds, args.concurrency, args.out))
 
 
 if __name__ == "__main__":
