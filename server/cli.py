@@ -155,6 +155,10 @@ FLAGS: dict[str, list[Flag]] = {
         Flag("--ray-address", "server.ray_address",
              "with --workers ray: the cluster to join (auto, HOST:PORT, ray://...), or local: "
              "a private Ray instance on this machine, bound to 127.0.0.1"),
+        Flag("--ray-placement-timeout-s", "server.ray_placement_timeout_s",
+             "with --workers ray: how long start-up waits for the cluster to place a "
+             "replica's actor before failing with what it asked for and what the cluster has",
+             float),
         Flag("--shutdown-grace-s", "server.shutdown_grace_s",
              "on SIGTERM, how long in-flight requests get", float),
         Flag("--gil-switch-interval-us", "server.gil_switch_interval_us",

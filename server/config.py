@@ -81,6 +81,8 @@ class ServerConfig:
         Ray actor per replica, on any node of a Ray cluster; needs the ``ray`` extra).
     ray_address: with ``workers="ray"``: the cluster to join (``auto``, ``HOST:PORT``,
         ``ray://...``), or "local" for a private instance on this machine.
+    ray_placement_timeout_s: with ``workers="ray"``: how long start-up waits for the cluster
+        to place a replica's actor before it fails, naming the replica and what it asked for.
     gil_switch_interval_s: Python's GIL switch interval. The default 5 ms lets the busy event
         loop hold the GIL for 5 ms while a worker thread waits to resume after each kernel; a
         short interval hands it over sooner.
@@ -109,6 +111,7 @@ class ServerConfig:
     frontends: int = 1
     workers: str = "thread"
     ray_address: str = "local"
+    ray_placement_timeout_s: float = 60.0
     gil_switch_interval_s: float = 0.0002
     log_level: str = "INFO"
     log_format: str = "text"

@@ -32,6 +32,7 @@ from evenflow.server.workers.hosts import (
     device_groups,
     load_spec_definition,
 )
+from evenflow.server.workers.ray_resources import RayPlacement
 
 logger = logging.getLogger(__name__)
 
@@ -178,6 +179,11 @@ class ModelManager:
                           inputs=model.inputs, outputs=model.outputs,
                           log_level=config.log_level, log_format=config.log_format)
 
+    def _placement(self) -> RayPlacement:
+        # Every model known has a replica on every device: that many share each GPU.
+        return RayPlacement(self._config.ray_placement_timeout_s,
+                            replicas_per_gpu=max(1, len(self._entries)))
+
     async def add_device(self, device: DeviceSpec) -> None:
         """A device joined (a cluster node came up): every loaded model gets a replica on it
         (single-device replicas only; pipelines keep the devices they were cut for)."""
@@ -192,7 +198,7 @@ class ModelManager:
                     continue
                 (worker,) = await build_workers([self._spec(config, (device,))],
                                                 model.definition, self._config.workers,
-                                                self._config.ray_address)
+                                                self._config.ray_address, self._placement())
                 model.balancer.add_replica(worker)
                 logger.info("model %s: replica on %s joined", model.name, device.name)
 
@@ -219,7 +225,8 @@ class ModelManager:
         specs = [self._spec(model, group)
                  for group in device_groups(self._devices, model.pipeline.stages)]
         definition = await asyncio.to_thread(load_spec_definition, specs[0])
-        workers = await build_workers(specs, definition, config.workers, config.ray_address)
+        workers = await build_workers(specs, definition, config.workers, config.ray_address,
+                                      self._placement())
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
                                  on_health=self._on_health, ledger=self._ledger)
         if cpu_accounting.enabled():

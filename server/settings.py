@@ -7,7 +7,7 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
 
     [server]     host, port, max_message_bytes, max_tensor_elements, shutdown_grace_s,
                  gil_switch_interval_us, metrics_port, log_level, log_format, frontends, workers,
-                 ray_address
+                 ray_address, ray_placement_timeout_s
     [devices]    list, cpu_threads, dtype
     [security]   admin, allow_any_model_source, tls_cert, tls_key, tls_client_ca,
                  auth_token_file, auth_groups
@@ -70,6 +70,7 @@ class ServerSection(_Section):
     frontends: Positive | None = None
     workers: Literal[WORKER_HOSTS] | None = None  # type: ignore[valid-type]
     ray_address: str | None = None
+    ray_placement_timeout_s: PositiveFloat | None = None
 
 
 class DevicesSection(_Section):
@@ -314,7 +315,8 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                    "gil_switch_interval_us": round(config.gil_switch_interval_s * 1e6, 3),
                    "metrics_port": config.metrics_port, "log_level": config.log_level,
                    "log_format": config.log_format, "frontends": config.frontends,
-                   "workers": config.workers, "ray_address": config.ray_address},
+                   "workers": config.workers, "ray_address": config.ray_address,
+                   "ray_placement_timeout_s": config.ray_placement_timeout_s},
         "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype},
         "security": {"admin": config.admin,
                      "allow_any_model_source": config.allow_any_model_source,
@@ -397,6 +399,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
                log_level=server.log_level, log_format=server.log_format,
                frontends=server.frontends, workers=server.workers,
                ray_address=server.ray_address,
+               ray_placement_timeout_s=server.ray_placement_timeout_s,
                gil_switch_interval_s=server.gil_switch_interval_us / 1e6
                if server.gil_switch_interval_us is not None else None,
                cpu_threads=devices.cpu_threads, dtype=devices.dtype,

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 import torch
 
 from evenflow.balancer import BatchFailed, Worker, WorkerStatus
-from evenflow.server.config import DTYPES, WORKER_HOSTS, PipelineConfig
+from evenflow.server.config import DTYPES, WORKER_HOSTS, PipelineConfig, ServerConfig
 from evenflow.server.models.repository import BuiltinOptions, load_definition
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
 from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.ray_resources import RayPlacement
 from evenflow.server.workers.torch_worker import SimWorker, TorchWorker
 
 # The names are stated once, in config (which must not import torch); each is a torch dtype.
@@ -133,8 +134,11 @@ def build_thread_worker(spec: WorkerSpec, definition: ModelDefinition) -> Worker
 
 
 async def build_workers(specs: list[WorkerSpec], definition: ModelDefinition,
-                        host: str, ray_address: str = "local") -> list[Worker]:
-    """Every replica's worker on ``host``; on failure, what was built is closed again."""
+                        host: str, ray_address: str = "local",
+                        ray_placement: RayPlacement | None = None) -> list[Worker]:
+    """Every replica's worker on ``host``; on failure, what was built is closed again.
+    ``ray_placement``: with ``host="ray"``, how actors are placed (default: one replica per
+    GPU, the default placement timeout)."""
     if host not in WORKER_HOSTS:
         raise ValueError(f"unknown worker host {host!r}: one of {WORKER_HOSTS}")
     workers: list[Worker] = []
@@ -155,7 +159,8 @@ async def build_workers(specs: list[WorkerSpec], definition: ModelDefinition,
                 raise ValueError("--workers ray needs Ray: pip install 'evenflow[ray]'") \
                     from exc
             await asyncio.to_thread(ray_host.connect, ray_address)
-            actors = [ray_host.RayWorker(spec) for spec in specs]
+            placement = ray_placement or RayPlacement(ServerConfig().ray_placement_timeout_s)
+            actors = [ray_host.RayWorker(spec, placement) for spec in specs]
             workers.extend(actors)
             await asyncio.gather(*(a.start() for a in actors))
     except BaseException:

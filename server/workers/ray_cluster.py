@@ -15,7 +15,7 @@ import ray
 
 from evenflow.server.model_control import ModelManager
 from evenflow.server.workers.devices import DeviceSpec
-from evenflow.server.workers.ray_host import SIM_RESOURCE
+from evenflow.server.workers.ray_resources import SIM_RESOURCE
 
 logger = logging.getLogger(__name__)
 _KINDS = {"cuda": "GPU", "sim": SIM_RESOURCE}

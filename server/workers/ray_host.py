@@ -7,9 +7,12 @@ array (Ray's object store; zero-copy reads on the same node), each output of the
 back, cut per request here. Errors come back as values (``ipc.errors``); an actor that dies
 (its node lost, its process killed) fails the call with Ray's actor errors, which become
 ``WorkerLost``: the replica re-runs the batch elsewhere and ``restart`` places a new actor.
-``cuda`` actors ask Ray for one GPU (Ray sets CUDA_VISIBLE_DEVICES, so the actor uses its
-device 0); ``cpu`` and ``sim`` actors for one CPU each (``sim`` ones also for one ``evenflow_sim``
-where the cluster offers that resource).
+What each actor asks for is ``ray_resources.actor_resources``: a share of one GPU for a
+``cuda`` replica (every model's replica on that device shares it, inside the device's own
+placement group), one CPU per ``cpu`` device, a small CPU share per ``sim`` one. An actor (or a
+device's placement group) the cluster cannot place within ``RayPlacement.timeout_s`` fails
+start-up with ``PlacementTimeout``, naming the replica, its request and the cluster's
+resources; while it waits, that is logged every few seconds.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import msgspec
 import numpy as np
 import ray
 import ray.exceptions
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from evenflow.balancer.errors import BatchFailed, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
@@ -38,11 +43,22 @@ from evenflow.server.workers.hosts import (
     build_thread_worker,
     load_spec_definition,
 )
+from evenflow.server.workers.ray_resources import (
+    SIM_RESOURCE,
+    ActorResources,
+    RayPlacement,
+    actor_devices,
+    actor_resources,
+    placement_report,
+)
 
 logger = logging.getLogger(__name__)
 
-SIM_RESOURCE = "evenflow_sim"  # a node's simulated devices (test clusters, drills)
-_START_TIMEOUT_S = 300.0
+__all__ = ["SIM_RESOURCE", "PlacementTimeout", "RayPlacement", "RayWorker", "connect",
+           "disconnect"]
+
+_START_TIMEOUT_S = 300.0  # building the worker once placed: loading and tracing the model
+_PLACEMENT_LOG_EVERY_S = 10.0
 _STOP_TIMEOUT_S = 10.0
 _LOST = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
          ray.exceptions.NodeDiedError, ray.exceptions.OwnerDiedError)
@@ -70,6 +86,46 @@ def disconnect() -> None:
     if _started_here[0] and ray.is_initialized():
         ray.shutdown()
         _started_here[0] = False
+    _pins.forget()
+
+
+class PlacementTimeout(RuntimeError):
+    """The cluster did not place a replica's actor (or its device's placement group) in time."""
+
+
+class _GpuPins:
+    """One placement group per cuda device, a bundle of one GPU, shared by the replicas of every
+    model on that device: Ray packs fractional GPU requests onto whichever GPU has room, so
+    without it one model's ``cuda:0`` and ``cuda:1`` replicas could share a GPU while another
+    GPU idles. Removed when the last replica on the device closes."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, Any] = {}
+        self._users: dict[str, int] = {}
+
+    def acquire(self, device: str) -> None:
+        if device not in self._groups:
+            self._groups[device] = placement_group([{"GPU": 1.0}], name=f"evenflow:{device}")
+            self._users[device] = 0
+        self._users[device] += 1
+
+    def group(self, device: str) -> Any:
+        return self._groups[device]
+
+    def release(self, device: str) -> None:
+        self._users[device] -= 1
+        if not self._users[device]:
+            del self._users[device]
+            with contextlib.suppress(Exception):  # the cluster may be gone already
+                remove_placement_group(self._groups.pop(device))
+
+    def forget(self) -> None:
+        """After a shutdown: the groups went with the Ray session."""
+        self._groups.clear()
+        self._users.clear()
+
+
+_pins = _GpuPins()
 
 
 class ReplicaActor:
@@ -77,12 +133,18 @@ class ReplicaActor:
     does and serves batches (async actor: controls run while a batch does)."""
 
     def __init__(self, spec_bytes: bytes) -> None:
-        spec = msgspec.msgpack.decode(spec_bytes, type=WorkerSpec)
-        if spec.devices[0].kind == "cuda":  # Ray exposes the one GPU it gave us as device 0
-            spec = dataclasses.replace(spec, devices=tuple(
-                dataclasses.replace(d, index=i) for i, d in enumerate(spec.devices)))
-        self._worker = build_thread_worker(spec, load_spec_definition(spec))
+        # Nothing slow here: the first call answering tells the server the actor was placed.
+        self._spec = msgspec.msgpack.decode(spec_bytes, type=WorkerSpec)
         self._node = ray.get_runtime_context().get_node_id()
+        self._worker: Any = None
+
+    def node(self) -> str:
+        return self._node
+
+    def build(self) -> tuple[str, list[dict[str, Any]], int]:
+        spec = dataclasses.replace(self._spec, devices=actor_devices(self._spec.devices))
+        self._worker = build_thread_worker(spec, load_spec_definition(spec))
+        return self.describe()
 
     def describe(self) -> tuple[str, list[dict[str, Any]], int]:
         status = self._worker.status()
@@ -116,7 +178,8 @@ class ReplicaActor:
             return (wire.kind, 0.0, wire.message)
 
     async def close(self) -> None:
-        await self._worker.close()
+        if self._worker is not None:
+            await self._worker.close()
 
 
 _actor_class: list[Any] = []
@@ -129,7 +192,7 @@ def _remote_class() -> Any:
 
 
 class RayWorker(HostedWorker):
-    def __init__(self, spec: WorkerSpec) -> None:
+    def __init__(self, spec: WorkerSpec, placement: RayPlacement) -> None:
         # One batch more than the devices: the next one crosses (a call costs milliseconds)
         # while the current one runs; the actor runs them one after another. The price: a
         # request in that second batch is committed (no longer dropped at its deadline,
@@ -137,35 +200,72 @@ class RayWorker(HostedWorker):
         # samples/s with 8-sample requests (benchmarks.ray_backend).
         super().__init__(spec, len(spec.devices) + 1)
         self._spec_bytes = msgspec.msgpack.encode(spec)
+        self._placement = placement
         self._actor: Any = None
+        self._pinned: str | None = None  # the cuda device whose placement group we hold
 
     @property
     def actor(self) -> Any:
         """The Ray actor handle (None while none runs)."""
         return self._actor
 
-    def _options(self) -> dict[str, Any]:
-        devices = self._spec.devices
-        gpus = sum(1 for d in devices if d.kind == "cuda")
-        options: dict[str, Any] = {"num_gpus": gpus, "num_cpus": 0 if gpus else 1,
-                                   "max_restarts": 0}
-        sims = sum(1 for d in devices if d.kind == "sim")
-        if sims and ray.cluster_resources().get(SIM_RESOURCE, 0) > 0:
-            options["resources"] = {SIM_RESOURCE: sims}  # the cluster says where sims go
-        return options
+    def resources(self) -> ActorResources:
+        offered = ray.cluster_resources().get(SIM_RESOURCE, 0) > 0
+        return actor_resources(self._spec.devices, self._placement.replicas_per_gpu, offered)
 
     async def start(self) -> None:
-        """Place the actor and wait until its worker is built; raises what building raised."""
-        actor = _remote_class().options(**self._options()).remote(self._spec_bytes)
+        """Place the actor and wait until its worker is built; raises what building raised, or
+        ``PlacementTimeout`` when the cluster does not place it in time."""
+        wants = await asyncio.to_thread(self.resources)
+        options: dict[str, Any] = {"num_cpus": wants.num_cpus, "num_gpus": wants.num_gpus,
+                                   "max_restarts": 0}
+        if wants.resources:
+            options["resources"] = dict(wants.resources)
+        what = ""
+        if wants.pinned_gpu is not None:
+            if self._pinned is None:  # held until close (a restart places into it again)
+                _pins.acquire(wants.pinned_gpu)
+                self._pinned = wants.pinned_gpu
+            group = _pins.group(wants.pinned_gpu)
+            await self._placed(group.ready(), {"GPU": 1.0},
+                               f" (the placement group of {wants.pinned_gpu})")
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                placement_group=group, placement_group_bundle_index=0)
+            what = f" (inside the placement group of {wants.pinned_gpu}: one GPU)"
+        actor = _remote_class().options(**options).remote(self._spec_bytes)
         self._actor = actor
         try:
+            await self._placed(actor.node.remote(), wants.asks(), what)
             node, stages, repartitions = await asyncio.wait_for(
-                _await(actor.describe.remote()), _START_TIMEOUT_S)
+                _await(actor.build.remote()), _START_TIMEOUT_S)
         except BaseException:
             await self._kill()
             raise
         self._status = WorkerStatus(tuple(stages), repartitions, f"node {node[:12]}")
         logger.info("worker %s: Ray actor on node %s", self._name, node[:12])
+
+    async def _placed(self, ref: Any, asks: dict[str, float], what: str) -> Any:
+        """``ref``'s value once the cluster placed what it waits for; logs what is missing
+        every few seconds, and raises ``PlacementTimeout`` past the placement timeout."""
+        loop = asyncio.get_running_loop()
+        timeout_s = self._placement.timeout_s
+        deadline_s = loop.time() + timeout_s
+        every_s = min(_PLACEMENT_LOG_EVERY_S, max(timeout_s / 4, 0.5))
+        placed = asyncio.ensure_future(_await(ref))
+        try:
+            while True:
+                left_s = deadline_s - loop.time()
+                if left_s > 0:
+                    done, _ = await asyncio.wait({placed}, timeout=min(every_s, left_s))
+                    if done:
+                        return placed.result()
+                report = await asyncio.to_thread(_report, self._name, asks)
+                if loop.time() >= deadline_s:
+                    raise PlacementTimeout(f"not placed within {timeout_s:g} s "
+                                           f"(--ray-placement-timeout-s): {report}{what}")
+                logger.warning("waiting for Ray to place it: %s%s", report, what)
+        finally:
+            placed.cancel()
 
     async def run(self, jobs: Sequence[Job]) -> BatchResult:
         if self._closed:
@@ -215,12 +315,21 @@ class RayWorker(HostedWorker):
             with contextlib.suppress(*_LOST, TimeoutError):
                 await asyncio.wait_for(_await(self._actor.close.remote()), _STOP_TIMEOUT_S)
         await self._kill()
+        if self._pinned is not None:
+            _pins.release(self._pinned)
+            self._pinned = None
 
     async def _kill(self) -> None:
         actor, self._actor = self._actor, None
         if actor is not None:
             with contextlib.suppress(*_LOST, ValueError):
                 ray.kill(actor, no_restart=True)
+
+
+def _report(replica: str, asks: dict[str, float]) -> str:
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    return placement_report(replica, asks, ray.cluster_resources(), ray.available_resources(),
+                            nodes)
 
 
 async def _await(ref: Any) -> Any:
