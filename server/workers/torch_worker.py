@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
-from evenflow.balancer.errors import BatchFailed, OutOfMemory
+from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory
 from evenflow.balancer.job import BatchResult, BatchTiming, Job
 from evenflow.server import cpu_accounting
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.cuda_sync import blocking_event, wait_for_stream
+from evenflow.server.workers.device_errors import classify_device_error
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.replica_module import module_for
 from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
@@ -79,24 +80,24 @@ class TorchWorker(ThreadWorker):
             # device tensors (inputs, activations), and the balancer retries the halves while
             # it holds our error, so chaining would keep them allocated through every retry.
             message = str(exc)
+        except EvenflowError:
+            raise
+        except Exception as exc:  # a sticky CUDA error may surface at any sync or copy
+            raise classify_device_error(exc, device=str(self._device)) from exc
         self._release_memory()
         raise OutOfMemory(f"out of memory on {self._device}: {message}")
 
     def _run_batch(self, jobs: Sequence[Job]) -> BatchResult:
         """Copy in, compute, copy out; every device allocation of the batch happens here, so an
-        out-of-memory anywhere in it splits the batch (see ``_execute``)."""
+        out-of-memory anywhere in it splits the batch, and what else it raises is classified
+        (see ``_execute``)."""
         clock = time.thread_time if self._measure_cpu else cpu_accounting.no_clock
         c0, t0 = clock(), time.perf_counter()
         inputs = batch_inputs(jobs, self._definition.inputs, self._device, self._dtype)
         self._sync()
         c1, t1 = clock(), time.perf_counter()
-        try:
-            raw_outputs = self._module(*inputs)
-            self._sync()
-        except torch.OutOfMemoryError:
-            raise
-        except Exception as exc:
-            raise BatchFailed(f"model raised {type(exc).__name__}: {exc}") from exc
+        raw_outputs = self._module(*inputs)
+        self._sync()
         c2, t2 = clock(), time.perf_counter()
         per_job = outputs_per_job(raw_outputs, self._definition.outputs, jobs)
         c3, t3 = clock(), time.perf_counter()
