@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from evenflow.balancer.controller import BatchSizeController
 from evenflow.balancer.errors import (
     BatchFailed,
+    DeviceLost,
     EvenflowError,
     OutOfMemory,
     ShuttingDown,
@@ -31,6 +32,13 @@ logger = logging.getLogger(__name__)
 _RATE_TAU_S = 0.5  # arrival rates forget with this time constant
 _MAX_RESTART_DELAY_S = 30.0
 _STALE_S = 1.0  # an idle replica whose last batch ended longer ago than this gets a probe
+
+
+def restart_renews_device(worker: Worker) -> bool:
+    """Whether ``worker.restart`` gives it a fresh device context (a new process), so that a
+    restart recovers from ``DeviceLost``. Workers say so with a ``restart_renews_device``
+    attribute; one that does not (threads of this process) is assumed not to."""
+    return bool(getattr(worker, "restart_renews_device", False))
 
 
 class Replica:
@@ -60,6 +68,11 @@ class Replica:
     leaves routing, hands the batch's jobs and its queue to ``on_lost`` (the balancer re-runs
     them elsewhere), and restarts the worker, backing off while restarts fail; then it is back
     in routing.
+
+    A worker whose device is lost (``DeviceLost``: a sticky CUDA error poisons the device's
+    context, so every later batch on it would fail) is lost the same way, but a restart helps
+    only a worker that restarts into a fresh process (``restart_renews_device``); any other
+    stays out of routing for good, with ``unusable_reason`` saying why.
     """
 
     def __init__(self, *, worker: Worker, queue: JobQueue, controller: BatchSizeController,
@@ -101,6 +114,7 @@ class Replica:
         self._on_lost = on_lost
         self._on_health = on_health
         self.healthy = True
+        self.unusable_reason = ""  # set when a lost device takes the replica out for good
         self.restarts = 0
         self._last_done_s = -math.inf
         self._restart_task: asyncio.Task[None] | None = None
@@ -190,7 +204,8 @@ class Replica:
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
             stages=status.stages, num_repartitions=status.num_repartitions,
-            healthy=self.healthy, restarts=self.restarts, location=status.location)
+            healthy=self.healthy, restarts=self.restarts, location=status.location,
+            unusable_reason=self.unusable_reason)
 
     async def _run(self) -> None:
         if self._max_in_flight == 1:
@@ -214,6 +229,12 @@ class Replica:
     async def _next_batch(self) -> list[Job]:
         queue = self.queue
         while True:
+            if self.unusable_reason:
+                # Out for good: take nothing more (a shared queue would still feed this loop)
+                # and hold nothing, until ``stop``.
+                if not self._running_requests:
+                    self._quiet.set()
+                await asyncio.get_running_loop().create_future()
             if not len(queue):
                 if not self._running_requests:
                     self._quiet.set()
@@ -287,7 +308,7 @@ class Replica:
             self._running_requests -= len(jobs)
             if not self._running_requests:
                 self._running_since_s = None
-                if not len(self.queue):
+                if not len(self.queue) or self.unusable_reason:
                     self._quiet.set()
         cpu = self._model_counters.cpu
         if cpu is None:
@@ -317,15 +338,24 @@ class Replica:
                              "(watchdog)") from None
 
     def _lost(self, jobs: list[Job], error: WorkerLost) -> None:
-        """Out of routing; the batch and the queue go back to the balancer; restart."""
+        """Out of routing; the batch and the queue go back to the balancer; restart (unless
+        the device is lost and a restart would not renew it: then out for good)."""
         logger.error("%s: worker lost (%s); re-routing %d running and %d queued requests",
                      self.name, error, len(jobs), len(self.queue))
+        # Restarting a thread of this process would run on the same poisoned context.
+        retire = isinstance(error, DeviceLost) and not restart_renews_device(self.worker)
+        if retire:
+            self.unusable_reason = str(error)
         self._set_healthy(False)
         queued = [self.queue.pop_tail() for _ in range(len(self.queue))][::-1]
         if self._on_lost is not None:
             self._on_lost(self, jobs, queued)
         else:
             self._fail([*jobs, *queued], error)
+        if retire:
+            logger.error("%s: device unusable; out of routing until the server restarts",
+                         self.name)
+            return
         if self._restart_task is None:
             self._restart_task = asyncio.create_task(self._restart(),
                                                      name=f"restart:{self.name}")

@@ -215,6 +215,7 @@ class ReplicaSnapshot:
     healthy: bool = True  # in routing (False while its lost worker restarts)
     restarts: int = 0
     location: str = ""  # where the worker runs (its host's name for it; "" in this process)
+    unusable_reason: str = ""  # why the replica is out of routing for good (a lost device)
 
 
 @dataclass(frozen=True, slots=True)

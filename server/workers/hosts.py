@@ -53,6 +53,10 @@ class HostedWorker:
     last answer carried; and how it restarts: ``_kill`` what runs (dead already, or hung past
     the watchdog), then ``start`` anew, which each host implements."""
 
+    # A restart starts a new process, with a device context of its own: it recovers from a
+    # sticky device error (DeviceLost) that a thread of the serving process could not.
+    restart_renews_device = True
+
     def __init__(self, spec: WorkerSpec, max_in_flight: int) -> None:
         self._spec = spec
         self._name = spec.name

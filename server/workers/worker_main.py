@@ -2,7 +2,11 @@
 ``process_host.ProcessWorker``. Reads its WorkerSpec (4-byte length, then msgpack) from stdin,
 builds the replica's worker on its own threads exactly as the thread host would, then serves
 batches and controls from the engine's socket until told to stop or stdin ends (the engine is
-gone)."""
+gone).
+
+A batch that loses the device (``DeviceLost``: a sticky CUDA error has poisoned this process's
+context) is answered, and then the process exits with ``DEVICE_LOST_EXIT_CODE``: nothing can run
+on that context again, and the engine's restart starts a process with a fresh one."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import zmq
 import zmq.asyncio
 
 from evenflow.balancer import Job, Worker
+from evenflow.balancer.errors import DeviceLost
 from evenflow.server.ipc import arrays, child
 from evenflow.server.ipc import worker_messages as msg
 from evenflow.server.ipc.errors import to_wire
@@ -27,6 +32,8 @@ from evenflow.server.logs import configure_logging
 from evenflow.server.workers.hosts import WorkerSpec, build_thread_worker, load_spec_definition
 
 logger = logging.getLogger(__name__)
+
+DEVICE_LOST_EXIT_CODE = 3
 
 
 def _status(worker: Worker) -> msg.Status:
@@ -39,16 +46,20 @@ class _Server:
         self._worker = worker
         self._socket = socket
         self._tasks: set[asyncio.Task[None]] = set()
+        self.device_lost = asyncio.Event()
 
     async def serve(self, engine_gone: asyncio.Event) -> None:
         receiving = asyncio.create_task(self._receive())
         gone = asyncio.create_task(engine_gone.wait())
+        lost = asyncio.create_task(self.device_lost.wait())
         try:
-            await asyncio.wait({receiving, gone}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({receiving, gone, lost}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (receiving, gone):
+            for task in (receiving, gone, lost):
                 task.cancel()
-            await asyncio.gather(receiving, gone, return_exceptions=True)
+            await asyncio.gather(receiving, gone, lost, return_exceptions=True)
+            if self.device_lost.is_set():
+                logger.error("worker %s: the device is lost; exiting", self._worker.name)
             if engine_gone.is_set():
                 logger.warning("worker %s: the engine is gone; exiting", self._worker.name)
                 for task in self._tasks:
@@ -81,6 +92,8 @@ class _Server:
         except Exception as exc:
             await self._socket.send_multipart([msg.encoder.encode(
                 msg.BatchError(batch.id, to_wire(exc)))])
+            if isinstance(exc, DeviceLost):
+                self.device_lost.set()
             return
         metas: list[arrays.ArrayMeta] = []
         out_frames: list[object] = []
@@ -109,7 +122,8 @@ class _Server:
         await self._socket.send_multipart([msg.encoder.encode(done)])
 
 
-async def _main(spec: WorkerSpec, address: str) -> None:
+async def _main(spec: WorkerSpec, address: str) -> int:
+    """Serve until stopped; the process's exit code."""
     socket = zmq.asyncio.Context.instance().socket(zmq.PAIR)
     socket.setsockopt(zmq.LINGER, 1000)
     socket.connect(address)
@@ -122,17 +136,19 @@ async def _main(spec: WorkerSpec, address: str) -> None:
         logger.exception("worker %s: could not start", spec.name)
         await socket.send_multipart([msg.encoder.encode(msg.StartFailed(to_wire(exc)))])
         socket.close()
-        return
+        return 0
     try:
         await socket.send_multipart([msg.encoder.encode(msg.Ready(
             name=worker.name, devices=list(worker.devices), max_in_flight=worker.max_in_flight,
             status=_status(worker)))])
         logger.info("worker %s: process %d ready in %.1f s", worker.name, os.getpid(),
                     time.perf_counter() - started_s)
-        await _Server(worker, socket).serve(engine_gone)
+        server = _Server(worker, socket)
+        await server.serve(engine_gone)
     finally:
         await worker.close()
-        socket.close()
+        socket.close()  # lingers until the last answer (a DeviceLost) is sent
+    return DEVICE_LOST_EXIT_CODE if server.device_lost.is_set() else 0
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         run = uvloop.run
     except ImportError:
         run = asyncio.run
-    run(_main(spec, args[0]))
+    sys.exit(run(_main(spec, args[0])))
 
 
 if __name__ == "__main__":
