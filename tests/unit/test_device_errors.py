@@ -1,0 +1,166 @@
+"""Sticky device errors: classify_device_error's mapping, and a replica whose device is lost
+leaves routing (for good on a thread worker; restarted on a worker that renews its device)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import torch
+
+from evenflow.balancer import (
+    BalancerConfig,
+    BatchFailed,
+    ErrorCode,
+    ModelBalancer,
+    OutOfMemory,
+    Policy,
+    WorkerLost,
+)
+from evenflow.balancer.errors import DeviceLost
+from evenflow.server.ipc.errors import from_wire, to_wire
+from evenflow.server.workers.device_errors import classify_device_error
+from tests.conftest import FakeClock, FakeWorker
+
+pytestmark = pytest.mark.timeout(10)
+
+_ASSERT = ("CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously "
+           "reported at some other API call, so the stacktrace below might be incorrect.")
+
+
+@pytest.mark.parametrize("message", [
+    _ASSERT,
+    "CUDA error: an illegal memory access was encountered",
+    "CUDA error: unspecified launch failure",
+])
+def test_sticky_cuda_messages_are_device_lost(message: str) -> None:
+    error = classify_device_error(RuntimeError(message), device="cuda:0")
+    assert type(error) is DeviceLost and isinstance(error, WorkerLost)
+    assert error.code is ErrorCode.UNAVAILABLE
+    assert "cuda:0" in str(error) and message.splitlines()[0] in str(error)
+
+
+@pytest.mark.skipif(not hasattr(torch, "AcceleratorError"), reason="torch without it")
+def test_an_accelerator_error_is_device_lost() -> None:
+    error_class = torch.AcceleratorError
+    assert type(classify_device_error(error_class("CUDA error: anything"))) is DeviceLost
+
+
+def test_out_of_memory_stays_out_of_memory() -> None:
+    error = classify_device_error(torch.OutOfMemoryError("CUDA out of memory. Tried to "
+                                                         "allocate 2.00 GiB"), device="cuda:0")
+    assert type(error) is OutOfMemory and "cuda:0" in str(error)
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)"),
+    IndexError("index out of range in self"),  # the same embedding bug, on the CPU: not sticky
+    ValueError("bad input"),
+])
+def test_other_model_errors_are_batch_failed_with_the_model_message(exc: Exception) -> None:
+    error = classify_device_error(exc)
+    assert type(error) is BatchFailed
+    assert str(exc) in str(error) and type(exc).__name__ in str(error)
+
+
+def test_an_evenflow_error_passes_through() -> None:
+    error = WorkerLost("already classified")
+    assert classify_device_error(error) is error
+
+
+def test_device_lost_crosses_a_process_boundary_as_itself() -> None:
+    error = from_wire(to_wire(DeviceLost("device lost on cuda:0")))
+    assert type(error) is DeviceLost and str(error) == "device lost on cuda:0"
+
+
+async def settle(rounds: int = 20) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+@pytest.fixture
+async def make_balancer(clock: FakeClock) -> AsyncIterator[Callable[..., ModelBalancer]]:
+    made: list[ModelBalancer] = []
+
+    def make(workers: list[FakeWorker], **overrides: object) -> ModelBalancer:
+        config = BalancerConfig(**{"max_wait_s": 0.0, **overrides})  # type: ignore[arg-type]
+        balancer = ModelBalancer(model_name="m", workers=workers, config=config, clock=clock,
+                                 rng=random.Random(0))
+        balancer.start()
+        made.append(balancer)
+        return balancer
+
+    yield make
+    for balancer in made:
+        await balancer.drain()
+        await balancer.close()
+        assert all(r._task is None for r in balancer.replicas)
+
+
+class ProcessLikeWorker(FakeWorker):
+    """A worker whose restart starts a fresh process (as ProcessWorker and RayWorker do)."""
+
+    restart_renews_device = True
+
+
+@pytest.mark.parametrize("policy", [Policy.ROUND_ROBIN, Policy.SHARED_QUEUE])
+async def test_a_lost_device_reroutes_its_batch_and_takes_no_more(
+        make_balancer: Callable[..., ModelBalancer], policy: Policy) -> None:
+    poisoned = FakeWorker("cuda0", fail_with=[DeviceLost("device lost on cuda:0: "
+                                                          "device-side assert triggered")])
+    other = FakeWorker("cpu0")
+    balancer = make_balancer([poisoned, other], policy=policy)
+    states: list[bool] = []
+    balancer._on_health = lambda: states.append(balancer.serving)
+    first = balancer.submit("a", 1)  # round-robin (and the idle shared queue) start on cuda0
+    assert await first == ("out", "a")  # re-run on cpu0
+    assert poisoned.batches == [[1]] and other.batches == [[1]]
+    answers = [balancer.submit(f"r{i}", 1) for i in range(6)]
+    assert await asyncio.gather(*answers) == [("out", f"r{i}") for i in range(6)]
+    await settle()
+    assert poisoned.batches == [[1]]  # never fed again
+    assert poisoned.restarted == 0  # no restart into the same poisoned context
+    assert balancer.counters.rerouted == 1
+    lost, kept = balancer.snapshot().replicas
+    assert not lost.healthy and "device-side assert" in lost.unusable_reason
+    assert kept.healthy and kept.unusable_reason == ""
+    assert balancer.serving and states == [True]  # health: still serving, one replica fewer
+
+
+async def test_a_lost_device_on_the_only_replica_leaves_the_model_not_serving(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    only = FakeWorker("cuda0", fail_with=[DeviceLost("device lost on cuda:0")])
+    balancer = make_balancer([only])
+    with pytest.raises(WorkerLost, match="no other replica is in service"):
+        await balancer.submit("a", 1)
+    await settle()
+    assert not balancer.serving and only.restarted == 0
+    with pytest.raises(WorkerLost, match="no replica in service"):
+        balancer.submit("b", 1)
+
+
+async def test_a_worker_that_renews_its_device_is_restarted_and_back_in_routing(
+        make_balancer: Callable[..., ModelBalancer]) -> None:
+    process = ProcessLikeWorker("cuda0", fail_with=[DeviceLost("device lost on cuda:0")])
+    other = FakeWorker("cpu0")
+    balancer = make_balancer([process, other], policy=Policy.ROUND_ROBIN)
+    assert await balancer.submit("a", 1) == ("out", "a")
+    await settle()
+    assert process.restarted == 1
+    replica = balancer.replicas[0]
+    assert replica.healthy and replica.unusable_reason == ""
+    answers = [balancer.submit(f"r{i}", 1) for i in range(4)]
+    await asyncio.gather(*answers)
+    assert len(process.batches) > 1  # in routing again
+
+
+def test_hosted_workers_say_a_restart_renews_their_device() -> None:
+    from evenflow.balancer.replica import restart_renews_device
+    from evenflow.server.workers.hosts import HostedWorker
+    from evenflow.server.workers.thread_worker import ThreadWorker
+
+    assert HostedWorker.restart_renews_device
+    assert not hasattr(ThreadWorker, "restart_renews_device")
+    assert not restart_renews_device(FakeWorker("thread-like"))
