@@ -66,6 +66,10 @@ FLAGS: dict[str, list[Flag]] = {
              "(default: every GPU, else cpu)", _names),
         Flag("--cpu-threads", "devices.cpu_threads", "torch threads", int),
         Flag("--dtype", "devices.dtype", "precision on GPUs", choices=DTYPES),
+        Flag("--warmup-batches", "devices.warmup_batches",
+             "batches (sizes 1 up to --max-batch) each replica runs before its model is "
+             "READY, kept out of the latency fit and the statistics; 0: none", int),
+        Flag("--no-warmup", "devices.warmup_batches", "skip the warm-up batches", const=0),
         Flag("--encoder-size", "builtins.encoder_size",
              "built-in encoder size (bert-base: 12 layers, 768 wide, seq 128)",
              choices=tuple(sorted(ENCODER_SIZES))),

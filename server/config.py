@@ -65,6 +65,9 @@ class ServerConfig:
     devices: comma list (cuda:N, cpu[:N], sim:SPEED); None = every GPU, else cpu.
     cpu_threads: torch intra-op threads (shared by the process's CPU workers).
     dtype: precision the model runs in on GPUs.
+    warmup_batches: batches each replica runs before its model is READY (sizes 1 up to the
+        max batch), so first-batch costs (lazy CUDA init, cuBLAS heuristics, TorchScript
+        profiling) land neither in the latency fit nor in the statistics; 0 turns it off.
     balancer: admission, routing and batching settings of models that set none of their own.
     pipeline: pipeline settings of models that set none of their own.
     builtins: sizes of the built-in models.
@@ -101,6 +104,7 @@ class ServerConfig:
     devices: str | None = None
     cpu_threads: int = 1
     dtype: str = "float32"
+    warmup_batches: int = 3
     balancer: BalancerConfig = field(default_factory=BalancerConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     builtins: BuiltinOptions = field(default_factory=BuiltinOptions)

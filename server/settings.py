@@ -8,7 +8,7 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
     [server]     host, port, max_message_bytes, max_tensor_elements, shutdown_grace_s,
                  gil_switch_interval_us, metrics_port, log_level, log_format, frontends, workers,
                  ray_address, ray_placement_timeout_s
-    [devices]    list, cpu_threads, dtype
+    [devices]    list, cpu_threads, dtype, warmup_batches
     [security]   admin, allow_any_model_source, tls_cert, tls_key, tls_client_ca,
                  auth_token_file, auth_groups
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
@@ -51,6 +51,7 @@ Port = Annotated[int, Field(ge=0, le=65535)]
 Positive = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
+NonNegative = Annotated[int, Field(ge=0)]
 
 
 class _Section(BaseModel):
@@ -78,6 +79,7 @@ class DevicesSection(_Section):
     names: Annotated[list[str], Field(min_length=1)] | None = Field(None, alias="list")
     cpu_threads: Positive | None = None
     dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
+    warmup_batches: NonNegative | None = None
 
     @field_validator("names")
     @classmethod
@@ -317,7 +319,8 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                    "log_format": config.log_format, "frontends": config.frontends,
                    "workers": config.workers, "ray_address": config.ray_address,
                    "ray_placement_timeout_s": config.ray_placement_timeout_s},
-        "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype},
+        "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype,
+                    "warmup_batches": config.warmup_batches},
         "security": {"admin": config.admin,
                      "allow_any_model_source": config.allow_any_model_source,
                      "tls_cert": None, "tls_key": None, "tls_client_ca": None,
@@ -403,6 +406,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
                gil_switch_interval_s=server.gil_switch_interval_us / 1e6
                if server.gil_switch_interval_us is not None else None,
                cpu_threads=devices.cpu_threads, dtype=devices.dtype,
+               warmup_batches=devices.warmup_batches,
                devices=",".join(devices.names) if devices.names else None,
                admin=security.admin, allow_any_model_source=security.allow_any_model_source,
                tls_cert=_path(security.tls_cert), tls_key=_path(security.tls_key),
