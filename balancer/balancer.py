@@ -55,6 +55,11 @@ class BalancerConfig:
             of queueing holds a closed loop of a few hundred clients (the queue is bounded by
             their number) on a model answering a thousand requests a second, and keeps what an
             open-loop overload gets accepted within about a second.
+        queue_budget_min_batches: the default budget refuses nothing while the model's queues
+            hold fewer samples than this many full batches (``max_batch``) per replica in
+            service: a queue that short is bounded by its count, and a prediction over the
+            budget there comes from a batch size the controller has just cut (a noisy machine),
+            which refusing would turn into errors for a closed loop of that many clients.
         work_stealing: a replica that is idle, or starts a batch with room left, takes queued
             work from the busiest while it would finish sooner there (``least-work`` only).
         late_binding: as a replica is about to start a batch, jobs in it that another replica
@@ -83,6 +88,7 @@ class BalancerConfig:
     max_queue_delay_s: float | None = None
     queue_budget_targets: float = 1.0
     queue_budget_floor_s: float = 0.5
+    queue_budget_min_batches: int = 2
     work_stealing: bool = True
     late_binding: bool = True
     watchdog_s: float = 30.0
@@ -324,7 +330,8 @@ class ModelBalancer:
         if budget_s is not None:
             wait_s = finish_s - replica.estimator.predict_s(
                 max(num_samples, replica.controller.batch_size))
-            if wait_s > budget_s:
+            if wait_s > budget_s and (config.max_queue_delay_s is not None
+                                      or self._past_min_queue(num_samples)):
                 counters.rejected["queue_delay"] += 1
                 raise Overloaded(f"model {self.model_name!r} is predicted to queue the request "
                                  f"for {wait_s * 1e3:.0f} ms, over the queueing budget of "
@@ -343,6 +350,13 @@ class ModelBalancer:
                              f"{finish_s * 1e3:.0f} ms (+{counters.lateness.margin_s * 1e3:.0f} "
                              f"ms of measured lateness), over its SLO of {slo_s * 1e3:.0f} ms "
                              "(--slo-ms)")
+
+    def _past_min_queue(self, num_samples: int) -> bool:
+        """Whether ``num_samples`` more would queue more than ``queue_budget_min_batches`` full
+        batches per replica in service (below that the default budget refuses nothing)."""
+        config = self.config
+        queued = sum(queue.num_samples for queue in self._queues) + num_samples
+        return queued > config.queue_budget_min_batches * config.max_batch * len(self._in_service)
 
     def _leave_system(self, _: asyncio.Future[Any]) -> None:
         self._in_system -= 1

@@ -56,8 +56,8 @@ async def make_gated(clock: FakeClock
                      ) -> AsyncIterator[Callable[..., tuple[ModelBalancer, FakeWorker]]]:
     made: list[tuple[ModelBalancer, FakeWorker]] = []
 
-    def make(**overrides: object) -> tuple[ModelBalancer, FakeWorker]:
-        worker = FakeWorker("w", base_s=0.010, per_sample_s=0.001, gated=True)
+    def make(base_s: float = 0.010, **overrides: object) -> tuple[ModelBalancer, FakeWorker]:
+        worker = FakeWorker("w", base_s=base_s, per_sample_s=0.001, gated=True)
         config = BalancerConfig(**{"max_wait_s": 0.0, "max_batch": 4,  # type: ignore[arg-type]
                                    "adaptive_batching": False, **overrides})
         balancer = ModelBalancer(model_name="m", workers=[worker], config=config, clock=clock,
@@ -109,6 +109,21 @@ async def test_a_declared_slo_refuses_what_is_predicted_past_it(
     assert max(predicted_s) <= 0.05
     assert balancer.replicas[0].load(clock()).work_s(1) > 0.05
     assert balancer.counters.rejected == {"latency_target": 1}
+
+
+async def test_the_default_budget_refuses_nothing_within_two_full_batches(
+        make_gated: Callable[..., tuple[ModelBalancer, FakeWorker]], clock: FakeClock) -> None:
+    # 300 ms a batch of at most 4: a queue of 8 samples is predicted to wait ~600 ms, over
+    # the budget, but two full batches per replica are what a closed loop of 8 keeps queued.
+    balancer = await _measured(make_gated, base_s=0.300)
+    predicted_s, refusal = await _fill(balancer, clock)
+    assert len(predicted_s) == 2 * 4  # queued behind the running batch
+    assert max(predicted_s) > 0.5
+    assert "over the queueing budget of 500 ms" in refusal
+    # An operator's own budget is kept to the letter.
+    strict = await _measured(make_gated, base_s=0.300, max_queue_delay_s=0.5)
+    admitted, _ = await _fill(strict, clock)
+    assert len(admitted) < 2 * 4
 
 
 @pytest.fixture
