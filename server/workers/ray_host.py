@@ -263,7 +263,8 @@ class RayWorker(HostedWorker):
                 if loop.time() >= deadline_s:
                     raise PlacementTimeout(f"not placed within {timeout_s:g} s "
                                            f"(--ray-placement-timeout-s): {report}{what}")
-                logger.warning("waiting for Ray to place it: %s%s", report, what)
+                logger.warning("waiting for Ray to place it (%.0f s left): %s%s",
+                               deadline_s - loop.time(), report, what)
         finally:
             placed.cancel()
 

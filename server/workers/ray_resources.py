@@ -92,6 +92,7 @@ def placement_report(replica: str, asks: Mapping[str, float], total: Mapping[str
                     for name in sorted(asks))
     fits = any(all(node.get(name, 0.0) >= amount for name, amount in asks.items())
                for node in node_totals)
-    why = ("a node has that much, but it is in use" if fits else
-           "no node of the cluster has that much")
+    # Placed but still starting (its process imports torch) looks the same from here.
+    why = ("a node has that much: the actor is starting, or waits for others to free it"
+           if fits else "no node of the cluster has that much")
     return f"replica {replica} asks Ray for {{{wanted}}}; the cluster has {has} ({why})"

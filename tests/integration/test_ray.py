@@ -1,6 +1,8 @@
 """``--workers ray`` on a local multi-node Ray cluster (``ray.cluster_utils.Cluster``: a head
 and a second node, one CPU each, so two one-CPU actors land on different nodes), every node on
-127.0.0.1. One cluster for the module. Skipped without the ``ray`` extra."""
+127.0.0.1; then placement on a private 2-CPU, GPU-less instance like ``--ray-address local``.
+One Ray session at a time (tests run in file order: the cluster, then the private instance).
+Skipped without the ``ray`` extra."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 
 from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.app import App
+from evenflow.server.config import ServerConfig
 from tests.conftest import TESTS_DIR
 from tests.integration.inprocess import running_app
 from tests.integration.load import FAST, Load
@@ -27,27 +30,75 @@ from tests.integration.test_infer import mlp_reference
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
+ray_host = pytest.importorskip("evenflow.server.workers.ray_host")
 SIM_RESOURCE = "evenflow_sim"  # a node's simulated devices, as the server reads them
+LOCAL_CPUS = 2
 
 pytestmark = pytest.mark.timeout(180)
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
+class _RaySessions:
+    """The module's Ray session: the two-node cluster or the private instance; asking for the
+    other kind shuts the current one down first (Ray allows one per process)."""
+
+    def __init__(self) -> None:
+        self.kind = ""
+        self.nodes: Any = None
+
+    def use(self, kind: str) -> Any:
+        if kind != self.kind:
+            self.close()
+            if kind == "nodes":
+                self.nodes = _start_nodes()
+            else:  # what connect("local") starts, with this machine's size fixed
+                ray.init(num_cpus=LOCAL_CPUS, num_gpus=0, include_dashboard=False,
+                         _node_ip_address="127.0.0.1", configure_logging=False)
+            self.kind = kind
+        return self.nodes
+
+    def close(self) -> None:
+        if self.kind:
+            ray.shutdown()
+        if self.nodes is not None:
+            self.nodes.shutdown()
+        self.kind, self.nodes = "", None
+
+
+def _start_nodes() -> Any:
     nodes = cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": 1, "resources": {SIM_RESOURCE: 1}, "include_dashboard": False,
         "node_ip_address": "127.0.0.1"})
-    nodes.add_node(num_cpus=1, resources={SIM_RESOURCE: 1}, node_ip_address="127.0.0.1")
-    ray.init(address=nodes.address, configure_logging=False)
     try:
+        nodes.add_node(num_cpus=1, resources={SIM_RESOURCE: 1}, node_ip_address="127.0.0.1")
+        ray.init(address=nodes.address, configure_logging=False)
         addresses = {node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"]}
         if addresses != {"127.0.0.1"}:  # tests never listen beyond loopback
             pytest.fail(f"Ray nodes bound {addresses}, not 127.0.0.1 only")
         nodes.wait_for_nodes()
-        yield nodes
-    finally:
+    except BaseException:
         ray.shutdown()
         nodes.shutdown()
+        raise
+    return nodes
+
+
+@pytest.fixture(scope="module")
+def sessions() -> Iterator[_RaySessions]:
+    held = _RaySessions()
+    try:
+        yield held
+    finally:
+        held.close()
+
+
+@pytest.fixture
+def cluster(sessions: _RaySessions) -> Any:
+    return sessions.use("nodes")
+
+
+@pytest.fixture
+def local_ray(sessions: _RaySessions) -> None:
+    sessions.use("local")
 
 
 def _locations(app: App, model: str) -> list[str]:
@@ -142,3 +193,45 @@ async def test_devices_follow_the_cluster_as_nodes_join_and_leave(cluster: Any) 
         assert load.answered()
         assert sum(load.failed.values()) == 0, load.failed
         assert took_s < 5.0, f"the joining node got work {took_s:.1f} s after it was added"
+
+
+async def test_more_sim_devices_than_cpus_start_and_serve(local_ray: None) -> None:
+    """Issue 20.4: four sim devices on two CPUs (each asked for a whole CPU, two never
+    started and the server never became ready)."""
+    config = BalancerConfig(policy=Policy.ROUND_ROBIN, max_wait_s=0.0,
+                            max_queue_delay_s=float("inf"))
+    async with running_app((("sim", "sim"),), devices="sim:1,sim:1,sim:0.5,sim:0.25",
+                           sim_profile=FAST, balancer=config, workers="ray", frontends=1,
+                           ray_address="local", ray_placement_timeout_s=60.0) as (app, url):
+        balancer = app.models.get("sim").balancer  # type: ignore[union-attr]
+        assert len(balancer.replicas) == 2 * LOCAL_CPUS
+        async with Load(url, 8) as load:
+            await load.until(lambda: all(r.stats.num_batches for r in balancer.replicas), 60)
+        assert load.answered() and not sum(load.failed.values()), load.failed
+
+
+async def test_a_replica_the_cluster_cannot_place_fails_start_up_naming_it(
+        local_ray: None, caplog: pytest.LogCaptureFixture) -> None:
+    """A cuda device on a GPU-less cluster: start-up fails within the placement timeout (it
+    used to wait 300 s, silently), naming the replica, its request and what the cluster has;
+    meanwhile the wait is logged."""
+    timeout_s = 4.0
+    app = App(ServerConfig(host="127.0.0.1", port=0, models=(("sim", "sim"),), devices="cuda:0",
+                           workers="ray", frontends=1, ray_address="local",
+                           ray_placement_timeout_s=timeout_s))
+    started_s = time.monotonic()
+    try:
+        with pytest.raises(ray_host.PlacementTimeout) as failed:
+            await app.start()
+        took_s = time.monotonic() - started_s
+    finally:
+        await app.stop(grace_s=1.0)
+    message = str(failed.value)
+    assert "replica sim@cuda0" in message, message
+    assert "asks Ray for {GPU 1}" in message, message
+    assert "GPU 0 free of 0" in message and "no node of the cluster" in message, message
+    assert "--ray-placement-timeout-s" in message, message
+    assert timeout_s <= took_s < timeout_s + 20.0, took_s
+    waits = [r.getMessage() for r in caplog.records
+             if r.getMessage().startswith("waiting for Ray to place it (")]
+    assert waits and all("sim@cuda0" in w and "GPU" in w for w in waits), waits
