@@ -51,7 +51,10 @@ class UtilizationSampler:
 
     def _nvml_loop(self, nvml: Any) -> None:
         while not self._stop.wait(INTERVAL_S):
-            self.samples.append((time.monotonic(), nvml.sample()[0].utilization))
+            sample = next((s for s in nvml.sample() if s.name == "cuda0"), None)
+            # Where NVML cannot read utilization (MIG) it reports 0: no sample, not an idle GPU.
+            if sample is not None and "utilization" not in sample.unsupported:
+                self.samples.append((time.monotonic(), sample.utilization))
 
     def _smi_loop(self) -> None:
         assert self._smi is not None and self._smi.stdout is not None
