@@ -18,9 +18,10 @@ FAST = SimProfile(base_ms=2.0, per_sample_ms=0.0)
 _X = np.ones((1, 256), np.float32)
 
 
-def sim_request() -> pb.ModelInferRequest:
+def sim_request(model: str = "sim") -> pb.ModelInferRequest:
+    """One sample of ones for a model with one FP32 input ``x`` of 256 (sim, mlp)."""
     return pb.ModelInferRequest(
-        model_name="sim", inputs=[pb.ModelInferRequest.InferInputTensor(
+        model_name=model, inputs=[pb.ModelInferRequest.InferInputTensor(
             name="x", datatype="FP32", shape=[1, 256])], raw_input_contents=[_X.tobytes()])
 
 
@@ -28,11 +29,12 @@ class Load:
     """``clients`` loops, each on its own connection, one request at a time until stopped;
     every outcome is counted per client, and waiters are woken after each answer."""
 
-    def __init__(self, url: str, clients: int) -> None:
+    def __init__(self, url: str, clients: int, model: str = "sim") -> None:
         # A local subchannel pool per channel: separate TCP connections (and so, with
         # --frontends, possibly different front-end processes).
         self.channels = [grpc.aio.insecure_channel(url, options=[
             ("grpc.use_local_subchannel_pool", 1)]) for _ in range(clients)]
+        self.request = sim_request(model)
         self.ok: Counter[int] = Counter()
         self.failed: Counter[int] = Counter()
         self.sent: Counter[int] = Counter()
@@ -56,7 +58,7 @@ class Load:
         while not self._stop:
             self.sent[index] += 1
             try:
-                await stub.ModelInfer(sim_request(), timeout=20, wait_for_ready=True)
+                await stub.ModelInfer(self.request, timeout=20, wait_for_ready=True)
                 self.ok[index] += 1
             except grpc.aio.AioRpcError as exc:
                 self.failed[index] += 1
