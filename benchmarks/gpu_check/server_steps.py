@@ -24,7 +24,8 @@ from benchmarks.gpu_check.serving import (
 from evenflow.client import Client
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server.pipeline.layers import placed_copy, split_into_layers
+from evenflow.server.pipeline.layers import split_into_layers
+from evenflow.server.workers.replica_module import copied_to
 from evenflow.server.workers.tensors import to_device, to_host
 
 MODELS = ("mlp", "encoder")
@@ -134,7 +135,7 @@ def _staged_outputs(model_definition: Any, x: np.ndarray, stages: list[dict[str,
         activation: torch.Tensor | None = None
         for stage in stages:
             device = _torch_device(stage["device"])
-            chain = [placed_copy(layer, device, torch.float32)
+            chain = [copied_to(layer, device, torch.float32)
                      for layer in layers[stage["first_layer"]:stage["last_layer"] + 1]]
             activation = to_device(x, "FP32", device, torch.float32) if activation is None \
                 else activation.to(device)
