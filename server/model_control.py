@@ -4,6 +4,10 @@ The server starts with the models its configuration loads at start; Triton's mod
 (``RepositoryModelLoad`` / ``Unload``) load and unload the others while it serves. Only models
 named in the configuration may be loaded, unless the server was started with
 ``allow_any_model_source`` (loading a source runs its code). One load or unload at a time.
+
+Every replica built (at a load, or on a device that joins) is warmed up first
+(``server.warmup``: ``warmup_batches`` batches through its worker, outside the balancer's fit and
+statistics); a model is published READY only after its replicas are warm.
 """
 
 from __future__ import annotations
@@ -17,14 +21,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from evenflow.balancer import ModelBalancer
+from evenflow.balancer import ModelBalancer, Worker
 from evenflow.balancer.errors import ErrorCode, EvenflowError
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server import cpu_accounting
 from evenflow.server.config import ModelConfig, ServerConfig
+from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.served import ModelTable, ServedModel
+from evenflow.server.warmup import warm_up
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.hosts import (
     WorkerSpec,
@@ -35,6 +41,10 @@ from evenflow.server.workers.hosts import (
 from evenflow.server.workers.ray_resources import RayPlacement
 
 logger = logging.getLogger(__name__)
+
+# A warm-up batch may take this many times the watchdog of a replica's first batch: it is the
+# batch that pays for lazy initialisation, which the warm-up exists to keep out of serving.
+_WARMUP_WATCHDOGS = 10.0
 
 class ModelState(enum.Enum):
     """Triton's RepositoryIndex states."""
@@ -50,6 +60,7 @@ class ModelEntry:
     config: ModelConfig
     state: ModelState = ModelState.UNAVAILABLE
     reason: str = ""
+    warmup_s: float | None = None  # how long its replicas' warm-up took (None: none ran)
 
 
 class ModelControlError(EvenflowError):
@@ -114,11 +125,11 @@ class ModelManager:
                                                                              source=source)
             entry.state, entry.reason = ModelState.LOADING, ""
             try:
-                model = await self._build(config)
+                model, warmup_s = await self._build(config)
             except Exception as exc:
                 entry.state, entry.reason = ModelState.UNAVAILABLE, f"load failed: {exc}"
                 raise
-            entry.config = config
+            entry.config, entry.warmup_s = config, warmup_s
             entry.state = ModelState.READY
             previous = self._table.put(model)
             logger.info("model %s loaded from %s on %s", name, config.source,
@@ -199,6 +210,7 @@ class ModelManager:
                 (worker,) = await build_workers([self._spec(config, (device,))],
                                                 model.definition, self._config.workers,
                                                 self._config.ray_address, self._placement())
+                await self._warm_up(config, model.definition, [worker])
                 model.balancer.add_replica(worker)
                 logger.info("model %s: replica on %s joined", model.name, device.name)
 
@@ -219,7 +231,21 @@ class ModelManager:
         return {device for model in self._table for replica in model.balancer.replicas
                 if not replica.healthy for device in replica.worker.devices}
 
-    async def _build(self, model: ModelConfig) -> ServedModel:
+    async def _warm_up(self, model: ModelConfig, definition: ModelDefinition,
+                       workers: list[Worker]) -> float | None:
+        """Warm ``workers`` up (``server.warmup``); on failure they are closed again."""
+        assert model.balancer is not None  # resolved
+        try:
+            return await warm_up(workers, definition, model_name=model.name,
+                                 max_batch=model.balancer.max_batch,
+                                 batches=self._config.warmup_batches,
+                                 batch_timeout_s=_WARMUP_WATCHDOGS * model.balancer.watchdog_s)
+        except BaseException:
+            await asyncio.gather(*(w.close() for w in workers), return_exceptions=True)
+            raise
+
+    async def _build(self, model: ModelConfig) -> tuple[ServedModel, float | None]:
+        """The model's workers, warmed up, and its balancer; and the warm-up's seconds."""
         config = self._config
         assert model.pipeline is not None and model.balancer is not None  # resolved
         specs = [self._spec(model, group)
@@ -227,12 +253,13 @@ class ModelManager:
         definition = await asyncio.to_thread(load_spec_definition, specs[0])
         workers = await build_workers(specs, definition, config.workers, config.ray_address,
                                       self._placement())
+        warmup_s = await self._warm_up(model, definition, workers)
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
                                  on_health=self._on_health, ledger=self._ledger)
         if cpu_accounting.enabled():
             balancer.counters.cpu = CpuParts()
         balancer.start()
-        return ServedModel(model.name, definition, balancer)
+        return ServedModel(model.name, definition, balancer), warmup_s
 
 
 def source_from_load_parameters(parameters: Mapping[str, pb.ModelRepositoryParameter]
