@@ -217,6 +217,7 @@ class RayWorker(HostedWorker):
         """Place the actor and wait until its worker is built; raises what building raised, or
         ``PlacementTimeout`` when the cluster does not place it in time."""
         wants = await asyncio.to_thread(self.resources)
+        self._check_open()
         options: dict[str, Any] = {"num_cpus": wants.num_cpus, "num_gpus": wants.num_gpus,
                                    "max_restarts": 0}
         if wants.resources:
@@ -229,6 +230,7 @@ class RayWorker(HostedWorker):
             group = _pins.group(wants.pinned_gpu)
             await self._placed(group.ready(), {"GPU": 1.0},
                                f" (the placement group of {wants.pinned_gpu})")
+            self._check_open()
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                 placement_group=group, placement_group_bundle_index=0)
             what = f" (inside the placement group of {wants.pinned_gpu}: one GPU)"
@@ -243,6 +245,12 @@ class RayWorker(HostedWorker):
             raise
         self._status = WorkerStatus(tuple(stages), repartitions, f"node {node[:12]}")
         logger.info("worker %s: Ray actor on node %s", self._name, node[:12])
+
+    def _check_open(self) -> None:
+        # Closed while start waited (a sibling replica failed): place nothing more, so that
+        # nothing is left behind that close already missed.
+        if self._closed:
+            raise BatchFailed(f"worker {self._name} was closed while it started")
 
     async def _placed(self, ref: Any, asks: dict[str, float], what: str) -> Any:
         """``ref``'s value once the cluster placed what it waits for; logs what is missing
