@@ -4,9 +4,11 @@ leaves routing (for good on a thread worker; restarted on a worker that renews i
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import AsyncIterator, Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from evenflow.balancer import (
     BalancerConfig,
     BatchFailed,
     ErrorCode,
+    Job,
     ModelBalancer,
     OutOfMemory,
     Policy,
@@ -21,6 +24,7 @@ from evenflow.balancer import (
 )
 from evenflow.balancer.errors import DeviceLost
 from evenflow.server.ipc.errors import from_wire, to_wire
+from evenflow.server.models.spec import ModelDefinition, TensorSpec
 from evenflow.server.workers.device_errors import classify_device_error
 from tests.conftest import FakeClock, FakeWorker
 
@@ -164,3 +168,50 @@ def test_hosted_workers_say_a_restart_renews_their_device() -> None:
     assert HostedWorker.restart_renews_device
     assert not hasattr(ThreadWorker, "restart_renews_device")
     assert not restart_renews_device(FakeWorker("thread-like"))
+
+
+class _PoisonedAboveNine(torch.nn.Module):
+    """Raises what CUDA raises after a device-side assert for any input above 9 (an index out
+    of a 10-row embedding), so the process path can be driven without a GPU."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool((x > 9).any()):
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        return x * 2
+
+
+def poisoned() -> ModelDefinition:
+    return ModelDefinition(module=_PoisonedAboveNine(), inputs=[TensorSpec("x", "FP32", (-1, 1))],
+                           outputs=[TensorSpec("y", "FP32", (-1, 1))], traceable=False)
+
+
+@pytest.mark.timeout(90)
+async def test_a_worker_process_exits_on_device_lost_and_restarts_fresh() -> None:
+    from evenflow.server.config import PipelineConfig
+    from evenflow.server.models.repository import BuiltinOptions
+    from evenflow.server.workers.devices import parse_devices
+    from evenflow.server.workers.hosts import WorkerSpec
+    from evenflow.server.workers.process_host import ProcessWorker
+    from evenflow.server.workers.worker_main import DEVICE_LOST_EXIT_CODE
+
+    spec = WorkerSpec(model_name="p", source=f"{__name__}:poisoned",
+                      devices=tuple(parse_devices("cpu:0")), builtins=BuiltinOptions(),
+                      pipeline=PipelineConfig())
+    worker = ProcessWorker(spec)
+    await worker.start()
+    try:
+        process = worker._process
+        assert process is not None
+        with pytest.raises(DeviceLost, match="device-side assert"):
+            await worker.run(_jobs(np.array([[50.0]], np.float32)))
+        assert await asyncio.wait_for(process.wait(), 30) == DEVICE_LOST_EXIT_CODE
+        await worker.restart()
+        assert worker.pid is not None and worker.pid != process.pid
+        result = await worker.run(_jobs(np.array([[3.0]], np.float32)))
+        np.testing.assert_array_equal(result.outputs[0][0], [[6.0]])
+    finally:
+        await worker.close()
+
+
+def _jobs(x: np.ndarray) -> list[Job]:
+    return [Job([x], x.shape[0], 0.0, math.inf, asyncio.get_running_loop().create_future())]
