@@ -1,4 +1,5 @@
-"""A model as a chain of layers, and what each layer costs (time and memory)."""
+"""A model as a chain of layers, each stage's own copy of its layers, and what each layer costs
+(time per device, memory)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from evenflow.server.models.spec import ModelDefinition, SimProfile
+from evenflow.server.workers.replica_module import copied_to, runs_unchanged
 from evenflow.server.workers.tracing import example_inputs
 
 
@@ -28,19 +30,60 @@ def split_into_layers(module: torch.nn.Module) -> list[torch.nn.Module]:
                      "TransformerEncoder, or a module with evenflow_layers()")
 
 
-def layer_memory_bytes(layer: torch.nn.Module) -> int:
-    return sum(t.numel() * t.element_size()
-               for t in (*layer.parameters(), *layer.buffers()))
+def placed(layer: torch.nn.Module, device: torch.device,
+           float_dtype: torch.dtype) -> torch.nn.Module:
+    """``layer`` as a stage on ``device`` computing floats in ``float_dtype`` runs it.
+
+    ``Module.to`` moves and casts in place, so moving the definition's layers would move them
+    under every other replica built from the same definition. The definition's own layer is
+    shared only where that is provably safe: it already has that device and dtype (so nothing
+    would change) and no part of it is in training mode (whose forward writes buffers, e.g.
+    batch-norm statistics); otherwise the stage gets a copy of its own, made straight on the
+    device.
+    """
+    if runs_unchanged(layer, device, float_dtype) and not any(m.training
+                                                             for m in layer.modules()):
+        return layer
+    return copied_to(layer, device, float_dtype)
+
+
+def layer_memory_bytes(layer: torch.nn.Module, float_dtype: torch.dtype | None = None) -> int:
+    """Bytes of the layer's parameters and buffers, with floating ones in ``float_dtype``."""
+    float_size = None if float_dtype is None else torch.empty((), dtype=float_dtype).element_size()
+
+    def size(t: torch.Tensor) -> int:
+        floating = t.is_floating_point() or t.is_complex()
+        element = float_size if float_size is not None and floating else t.element_size()
+        return t.numel() * element
+
+    return sum(size(t) for t in (*layer.parameters(), *layer.buffers()))
 
 
 def layer_costs_s(definition: ModelDefinition, layers: Sequence[torch.nn.Module],
-                  device: torch.device, float_dtype: torch.dtype, batch: int,
-                  repeats: int = 3) -> list[float]:
-    """Seconds per layer at ``batch``: from a layer's ``sim_profile`` when it has one, else
-    measured on ``device`` (best of ``repeats`` after one warm-up run)."""
+                  devices: Sequence[torch.device], float_dtype: torch.dtype, batch: int,
+                  repeats: int = 3) -> list[list[float]]:
+    """Seconds per layer at ``batch`` on each of ``devices``: ``[device][layer]``.
+
+    From the layers' ``sim_profile`` when every layer has one (the same on every device), else
+    measured: each layer runs placed on the device and dtype it would run on (best of
+    ``repeats`` after one warm-up run), fed the activations of the layers before it on that
+    device. Each distinct device is measured once; ``layers`` themselves are never moved.
+    """
     profiles = [getattr(layer, "sim_profile", None) for layer in layers]
     if all(isinstance(p, SimProfile) for p in profiles):
-        return [p.cost_s(batch) for p in profiles]  # type: ignore[union-attr]
+        costs = [p.cost_s(batch) for p in profiles]  # type: ignore[union-attr]
+        return [list(costs) for _ in devices]
+    measured: dict[torch.device, list[float]] = {}
+    for device in devices:
+        if device not in measured:
+            measured[device] = _measure_on(definition, layers, device, float_dtype, batch,
+                                           repeats)
+    return [list(measured[device]) for device in devices]
+
+
+def _measure_on(definition: ModelDefinition, layers: Sequence[torch.nn.Module],
+                device: torch.device, float_dtype: torch.dtype, batch: int,
+                repeats: int) -> list[float]:
     example = example_inputs(definition.inputs, batch, device, float_dtype)
     if example is None:
         raise ValueError("cannot profile layers: inputs have variable non-batch dimensions")
@@ -48,13 +91,16 @@ def layer_costs_s(definition: ModelDefinition, layers: Sequence[torch.nn.Module]
     with torch.inference_mode():
         activations: tuple[torch.Tensor, ...] = tuple(example)
         for layer in layers:
+            # One layer at a time: a model too big for the device still profiles on it.
+            here = placed(layer, device, float_dtype)
             best = float("inf")
             for _ in range(repeats + 1):
                 start = time.perf_counter()
-                out = layer(*activations)
+                out = here(*activations)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 best = min(best, time.perf_counter() - start)
             costs.append(best)
             activations = out if isinstance(out, tuple) else (out,)
+            del here
     return costs

@@ -20,9 +20,19 @@ import torch
 
 from evenflow.balancer.errors import BatchFailed, ShuttingDown, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
-from evenflow.balancer.partition import StagePlan, even_split, plan_stages, plan_stages_cost
+from evenflow.balancer.partition import (
+    StagePlan,
+    even_split_per_device,
+    plan_cost_per_device,
+    plan_stages_per_device,
+)
 from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.pipeline.layers import layer_costs_s, layer_memory_bytes, split_into_layers
+from evenflow.server.pipeline.layers import (
+    layer_costs_s,
+    layer_memory_bytes,
+    placed,
+    split_into_layers,
+)
 from evenflow.server.pipeline.stage import MicroBatch, Stage
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
@@ -40,9 +50,12 @@ def _torch_device(device: DeviceSpec) -> torch.device:
 
 
 class PipelineWorker:
-    """Stages on ``devices`` (stage i on device i), cut by the exact partitioner from per-layer
-    costs (``sim_profile`` of sim layers, else measured at ``profile_batch``), within each
-    device's free memory.
+    """Stages on ``devices`` (stage i on device i), cut by the exact partitioner from each
+    layer's cost on each device (``sim_profile`` of sim layers, else measured at
+    ``profile_batch`` on that device, in ``dtype``), within each device's free memory.
+
+    Each stage runs its layers placed on its own device and dtype (``layers.placed``): the
+    definition's module is never moved, so other replicas built from it keep theirs.
 
     Re-balancing: every batch reports each stage's time. When the stages' times drift from the
     plan's proportions (a device slowed down), the device speeds implied by the measurements
@@ -61,20 +74,26 @@ class PipelineWorker:
         self._dtype = dtype
         self._partition = partition
         self._repartition_enabled = repartition and partition == "optimal"
-        self._layers = split_into_layers(definition.module)
+        self._layers = split_into_layers(definition.module)  # the definition's: never moved
         if len(self._layers) < len(devices):
             raise ValueError(f"{model_name}: {len(self._layers)} layers cannot fill "
                              f"{len(devices)} stages")
-        self.layer_costs_s = layer_costs_s(definition, self._layers, self._torch_devices[0],
-                                           dtype, profile_batch)
-        self._layer_memory = [layer_memory_bytes(layer) for layer in self._layers]
-        self._speeds = [d.speed for d in devices]  # planning speeds, re-estimated on drift
-        self.plan = self._make_plan(self._speeds)
+        measured = layer_costs_s(definition, self._layers, self._torch_devices, dtype,
+                                 profile_batch)
+        # A sim device is the CPU running slower (its sleeps scale by its speed); others: 1.
+        self.stage_layer_costs_s = [[cost / d.speed for cost in row]
+                                    for row, d in zip(measured, devices, strict=True)]
+        self._layer_memory = [layer_memory_bytes(layer, dtype) for layer in self._layers]
         self._name = f"{model_name}@{'+'.join(d.name for d in devices)}"
+        # Each device's speed relative to when it was profiled, re-estimated on drift.
+        self._speeds = [1.0] * len(devices)
+        self.plan = self._make_plan(self._speeds, held_bytes=[0] * len(devices))
+        self._placements = self._place_layers(self.plan, [])
         self._max_in_flight = len(devices) + 1
+        modules = self._stage_modules(self._placements)
         self._stages = [
             Stage(index=i, device=self._torch_devices[i], device_name=d.name, speed=d.speed,
-                  module=self._stage_module(i), cpu_threads=cpu_threads,
+                  module=modules[i], cpu_threads=cpu_threads,
                   inbox_size=self._max_in_flight if i == 0 else 2)
             for i, d in enumerate(devices)]
         for stage, following in zip(self._stages, self._stages[1:], strict=False):
@@ -108,50 +127,72 @@ class PipelineWorker:
     def status(self) -> WorkerStatus:
         return WorkerStatus(tuple(self.stage_snapshot()), self.num_repartitions)
 
-    def _capacity(self) -> list[float]:
+    def _capacity(self, held_bytes: Sequence[int]) -> list[float]:
+        """Bytes each stage may hold: a device's free memory plus what the stage already holds
+        there (its layers stay or make room when the pipeline is re-cut)."""
         capacity = []
-        for device in self._torch_devices:
+        for device, held in zip(self._torch_devices, held_bytes, strict=True):
             if device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(device)
-                capacity.append(float(free))
+                capacity.append(float(free + held))
             else:
                 capacity.append(math.inf)
         return capacity
 
-    def _make_plan(self, speeds: Sequence[float]) -> StagePlan:
+    def _costs_at(self, speeds: Sequence[float]) -> list[list[float]]:
+        return [[cost / speed for cost in row]
+                for row, speed in zip(self.stage_layer_costs_s, speeds, strict=True)]
+
+    def _make_plan(self, speeds: Sequence[float],
+                   held_bytes: Sequence[int] | None = None) -> StagePlan:
+        costs = self._costs_at(speeds)
         if self._partition == "even":
-            return even_split(len(self._layers), len(speeds), self.layer_costs_s, speeds)
-        return plan_stages(self.layer_costs_s, len(speeds), device_speeds=speeds,
-                           layer_memory_bytes=self._layer_memory,
-                           device_memory_bytes=self._capacity())
+            return even_split_per_device(costs)
+        held = self.plan.stage_memory_bytes if held_bytes is None else held_bytes
+        return plan_stages_per_device(costs, layer_memory_bytes=self._layer_memory,
+                                      device_memory_bytes=self._capacity(held))
 
-    def _stage_module(self, index: int) -> torch.nn.Module:
-        device = self._torch_devices[index]
-        layers = [self._layers[j] for j in self.plan.layers(index)]
-        module = torch.nn.Sequential(*layers).to(device)
-        if self._dtype != torch.float32:
-            module = module.to(self._dtype)
+    def _place_layers(self, plan: StagePlan, previous: Sequence[dict[int, torch.nn.Module]]
+                      ) -> list[dict[int, torch.nn.Module]]:
+        """Each stage's layers under ``plan``, by layer index, on the stage's device: a
+        layer already placed on that device (by any stage of the previous plan) is kept, so a
+        re-cut moves only the layers that change device; others are placed from the
+        definition's. Each placement belongs to one stage of the plan."""
+        placements: list[dict[int, torch.nn.Module]] = []
+        for i, device in enumerate(self._torch_devices):
+            here: dict[int, torch.nn.Module] = {}
+            for j in plan.layers(i):
+                kept = next((old[j] for k, old in enumerate(previous)
+                             if j in old and self._torch_devices[k] == device), None)
+                here[j] = kept if kept is not None else placed(self._layers[j], device,
+                                                               self._dtype)
+            placements.append(here)
+        return placements
+
+    def _stage_modules(self, placements: Sequence[dict[int, torch.nn.Module]]
+                       ) -> list[torch.nn.Module]:
+        """One module per stage: its placed layers in order, traced where the trace is exact,
+        each traced on the activations the stages before it give."""
+        eager: list[torch.nn.Module] = [
+            torch.nn.Sequential(*(layers[j] for j in sorted(layers))) for layers in placements]
         if not self._definition.traceable:
-            return module
-        examples = [self._activations_before(index, batch, device) for batch in (2, 3)]
+            return eager
+        examples = [example_inputs(self._definition.inputs, batch, self._torch_devices[0],
+                                   self._dtype) for batch in (2, 3)]
         if examples[0] is None or examples[1] is None:
-            return module
-        return trace_checked(module, examples[0], examples[1], name=f"{self._name}:{index}")
-
-    def _activations_before(self, index: int, batch: int,
-                            device: torch.device) -> list[torch.Tensor] | None:
-        example = example_inputs(self._definition.inputs, batch, self._torch_devices[0],
-                                 self._dtype)
-        if example is None:
-            return None
+            return eager
+        traced_example: tuple[torch.Tensor, ...] = tuple(examples[0])
+        check_example: tuple[torch.Tensor, ...] = tuple(examples[1])
+        modules = []
         with torch.inference_mode(False), torch.no_grad():
-            activations: tuple[torch.Tensor, ...] = tuple(example)
-            for layer in self._layers[:self.plan.bounds[index]]:
-                # Each earlier layer runs wherever its weights are now.
-                here = next((p.device for p in layer.parameters()), activations[0].device)
-                out = layer(*(t.to(here) for t in activations))
-                activations = out if isinstance(out, tuple) else (out,)
-        return [t.to(device) for t in activations]
+            for i, (module, device) in enumerate(zip(eager, self._torch_devices, strict=True)):
+                traced_example = tuple(t.to(device) for t in traced_example)
+                check_example = tuple(t.to(device) for t in check_example)
+                modules.append(trace_checked(module, traced_example, check_example,
+                                             name=f"{self._name}:{i}"))
+                traced_example = _as_tuple(module(*traced_example))
+                check_example = _as_tuple(module(*check_example))
+        return modules
 
     async def run(self, jobs: Sequence[Job]) -> BatchResult:
         if self._closed:
@@ -217,7 +258,7 @@ class PipelineWorker:
             top = max(speeds)
             speeds = [s / top for s in speeds]
             candidate = self._make_plan(speeds)
-            current = plan_stages_cost(self.plan, self.layer_costs_s, speeds)
+            current = plan_cost_per_device(self.plan, self._costs_at(speeds))
             if candidate.bottleneck_s < _MIN_GAIN * current:
                 self._repartition_task = asyncio.create_task(self._repartition(speeds,
                                                                                candidate))
@@ -229,16 +270,16 @@ class PipelineWorker:
         try:
             await self._drained.wait()
             before = self.plan.describe()
-            self.plan = plan
-            self._speeds = speeds
-            modules = await asyncio.to_thread(
-                lambda: [self._stage_module(i) for i in range(len(self._stages))])
+            placements = await asyncio.to_thread(self._place_layers, plan, self._placements)
+            modules = await asyncio.to_thread(self._stage_modules, placements)
             for stage, module in zip(self._stages, modules, strict=True):
                 stage.module = module  # every stage is idle: nothing is in flight
+            self.plan, self._speeds, self._placements = plan, speeds, placements
             self._stage_ratio = [1.0] * len(self._stages)
             self._batches_since_plan = 0
             self.num_repartitions += 1
-            logger.warning("%s: stage times drifted (speeds now %s); re-partitioned\n  before: %s"
+            logger.warning("%s: stage times drifted (speeds relative to the profile now %s); "
+                           "re-partitioned\n  before: %s"
                            "\n  after:  %s", self._name, [f"{s:.2f}" for s in speeds], before,
                            plan.describe())
         finally:
@@ -279,6 +320,10 @@ class PipelineWorker:
         self._stages[0].stop()  # the stop travels down the pipeline behind the work
         for stage in self._stages:
             await asyncio.to_thread(stage.join)
+
+
+def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
 
 
 def _deliver(future: asyncio.Future[Any], outcome: Any) -> None:
