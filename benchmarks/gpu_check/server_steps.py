@@ -97,7 +97,7 @@ def warmup(ctx: StepContext) -> dict[str, Any]:
     the process's own start (interpreter, torch, gRPC, no model) is reported apart."""
     config = ctx.out / "warmup.toml"
     config.write_text("".join(f'[models.{m}]\nsource = "{m}"\nload = false\n\n' for m in MODELS))
-    models = {}
+    models: dict[str, dict[str, Any]] = {}
     start_s = time.monotonic()
     with serving(ctx.out / "warmup.log", "--config", str(config), "--devices", ctx.device,
                  "--encoder-size", ctx.encoder_size, "--dtype", ctx.dtypes[-1]) as server:
@@ -121,7 +121,7 @@ def warmup(ctx: StepContext) -> dict[str, Any]:
 _WARMED_UP = re.compile(r"model (\S+): warmed up \d+ replica\(s\) .* in ([\d.]+) s")
 
 
-def _logged_warmups_s(log: str) -> dict[str, float]:
+def _logged_warmups_s(log: str) -> dict[str, float | str]:
     """The warm-up time the server logs per model (its warm-up batches, part of the load)."""
     return {m.group(1): float(m.group(2)) for m in _WARMED_UP.finditer(log)}
 
