@@ -29,6 +29,7 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
         stages=[ef.PipelineStage(**stage) for stage in snapshot.stages],
         num_repartitions=snapshot.num_repartitions, healthy=snapshot.healthy,
         restarts=snapshot.restarts, location=snapshot.location,
+        unusable_reason=snapshot.unusable_reason,
         batch_size_counts=snapshot.batch_size_counts)
 
 

@@ -215,3 +215,17 @@ async def test_a_worker_process_exits_on_device_lost_and_restarts_fresh() -> Non
 
 def _jobs(x: np.ndarray) -> list[Job]:
     return [Job([x], x.shape[0], 0.0, math.inf, asyncio.get_running_loop().create_future())]
+
+
+def test_the_stats_rpc_carries_why_a_replica_is_unusable() -> None:
+    from evenflow.balancer import ReplicaSnapshot
+    from evenflow.server.stats_service import _replica
+
+    snapshot = ReplicaSnapshot(
+        name="m@cuda0", devices=("cuda0",), busy_fraction=0.0, busy_s=0.0, queued_requests=0,
+        queued_samples=0, outstanding_work_s=0.0, batch_size=1, fit_base_s=0.0,
+        fit_per_sample_s=0.0, fit_reliable=False, num_batches=0, num_samples=0,
+        num_stolen_requests=0, running_requests=0, batch_size_counts={}, healthy=False,
+        unusable_reason="device lost on cuda:0: device-side assert triggered")
+    stats = _replica(snapshot)
+    assert not stats.healthy and stats.unusable_reason == snapshot.unusable_reason
