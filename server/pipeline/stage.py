@@ -98,6 +98,16 @@ def move_tensor(tensor: torch.Tensor, device: torch.device, non_blocking: bool) 
     return tensor.to(device, non_blocking=non_blocking)
 
 
+def _drain(work: WorkQueue) -> None:
+    """After a failure: what the batch queued before it (copies reading its sources) must be
+    done before the sources are freed; a device that cannot even be waited for is already
+    failing every batch."""
+    try:
+        work.wait()
+    except Exception:
+        logger.debug("waiting for a failed batch's work raised", exc_info=True)
+
+
 class Stage:
     """Runs ``module`` on ``device`` in its own thread, with its own work queue (a CUDA stream).
 
@@ -164,6 +174,8 @@ class Stage:
             batch.error = OutOfMemory(f"stage {self.index} on {self.device_name}: {exc}")
         except Exception as exc:
             batch.error = BatchFailed(f"stage {self.index} raised {type(exc).__name__}: {exc}")
+        if batch.error is not None:
+            _drain(work)
         del sources
         batch.stage_s.append(time.perf_counter() - start)
         if batch.error is None:

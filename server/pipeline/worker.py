@@ -124,6 +124,11 @@ class PipelineWorker:
     def max_in_flight(self) -> int:
         return self._max_in_flight
 
+    @property
+    def stage_modules(self) -> list[torch.nn.Module]:
+        """The module each stage runs now (traced or eager), stage 0 first."""
+        return [stage.module for stage in self._stages]
+
     def status(self) -> WorkerStatus:
         return WorkerStatus(tuple(self.stage_snapshot()), self.num_repartitions)
 

@@ -4,7 +4,14 @@ import random
 
 import pytest
 
-from evenflow.balancer.partition import InfeasiblePlan, even_split, plan_stages
+from evenflow.balancer.partition import (
+    InfeasiblePlan,
+    even_split,
+    even_split_per_device,
+    plan_cost_per_device,
+    plan_stages,
+    plan_stages_per_device,
+)
 
 
 def brute_force(costs: list[float], stages: int, speeds: list[float],
@@ -75,3 +82,50 @@ def test_even_split_is_by_count() -> None:
 def test_bad_stage_count() -> None:
     with pytest.raises(ValueError):
         plan_stages([1.0], 2)
+
+
+def brute_force_per_device(costs: list[list[float]]) -> float:
+    stages, n = len(costs), len(costs[0])
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = [0, *cuts, n]
+        best = min(best, max(sum(costs[i][bounds[i]:bounds[i + 1]]) for i in range(stages)))
+    return best
+
+
+def test_per_device_costs_follow_each_device_not_one_speed() -> None:
+    # Device 0 is fast at the first layers, device 1 at the last: no single speed ratio says so.
+    plan = plan_stages_per_device([[1.0, 1.0, 8.0], [8.0, 2.0, 1.0]])
+    assert plan.bounds == (0, 2, 3)
+    assert plan.stage_costs_s == (2.0, 1.0)
+    assert plan_cost_per_device(plan, [[1.0, 1.0, 8.0], [8.0, 2.0, 1.0]]) == 2.0
+    assert plan_cost_per_device(plan, [[2.0, 2.0, 8.0], [8.0, 2.0, 3.0]]) == 4.0
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_per_device_matches_brute_force(seed: int) -> None:
+    rng = random.Random(seed)
+    layers = rng.randint(2, 9)
+    stages = rng.randint(1, min(4, layers))
+    costs = [[rng.uniform(0.1, 5.0) for _ in range(layers)] for _ in range(stages)]
+    plan = plan_stages_per_device(costs)
+    assert plan.bottleneck_s == pytest.approx(brute_force_per_device(costs))
+    assert plan.bottleneck_s == pytest.approx(plan_cost_per_device(plan, costs))
+
+
+def test_per_device_memory_limits_and_bad_shapes() -> None:
+    costs = [[1.0] * 4, [1.0] * 4]
+    plan = plan_stages_per_device(costs, layer_memory_bytes=[10, 10, 10, 30],
+                                  device_memory_bytes=[30, 30])
+    assert plan.bounds == (0, 3, 4)
+    with pytest.raises(InfeasiblePlan):
+        plan_stages_per_device(costs, layer_memory_bytes=[10, 10, 10, 40],
+                               device_memory_bytes=[30, 30])
+    with pytest.raises(ValueError):
+        plan_stages_per_device([[1.0, 1.0], [1.0]])
+
+
+def test_even_split_per_device_costs_each_stage_on_its_device() -> None:
+    plan = even_split_per_device([[1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]])
+    assert plan.bounds == (0, 2, 4)
+    assert plan.stage_costs_s == (3.0, 70.0)
