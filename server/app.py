@@ -23,12 +23,12 @@ from evenflow.proto import (
     grpc_service_pb2,
     grpc_service_pb2_grpc,
 )
+from evenflow.server.closing import close_port
 from evenflow.server.config import ServerConfig
 from evenflow.server.edge import (
     GenericOnly,
     add_inference_service,
     add_support_services,
-    refuse_until_quiet,
 )
 from evenflow.server.frontend import InferenceServicer
 from evenflow.server.frontend_pool import FrontendPool, FrontendSettings
@@ -45,12 +45,9 @@ from evenflow.server.workers.devices import default_devices, parse_devices
 
 logger = logging.getLogger(__name__)
 
-# Once the models are closed, how long the gRPC server waits for handlers to send the answers
-# they already have, before it cancels what is left.
+# Once the models are closed, how long the edge waits for gRPC to send the answers the
+# handlers already have, and then how long gRPC's stop waits for calls still running.
 _ANSWER_S = 5.0
-# Then how long without a refused call counts as quiet, and the most it lingers for that.
-_QUIET_S = 0.1
-_LINGER_MAX_S = 1.0
 
 _INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 
@@ -242,11 +239,11 @@ class App:
                    abort: asyncio.Event | None = None) -> None:
         """Health NOT_SERVING and new calls refused (UNAVAILABLE) at once; admitted requests
         get up to the grace (or until ``abort`` is set) to finish, then whatever is left fails
-        with UNAVAILABLE; then the workers close. Idempotent."""
+        with UNAVAILABLE; then the workers close, the answers are sent, and the port closes
+        without a call cancelled (see ``closing``). Idempotent."""
         grace_s = self.config.shutdown_grace_s if grace_s is None else grace_s
         if self._frontend is not None:  # new inference calls hear UNAVAILABLE from here on
-            self._frontend.ready = False
-            self._frontend.draining = True
+            self._frontend.drain()
         if self._pool is not None:  # and at the front-end processes, first thing
             await self._pool.drain()
         await asyncio.gather(*self._health_updates)
@@ -260,10 +257,8 @@ class App:
         if self._pool is not None:  # every admitted call has its answer; front-ends exit
             await self._pool.stop()
             self._pool = None
-        if self._frontend is not None:
-            await refuse_until_quiet(self._frontend, _QUIET_S, _LINGER_MAX_S)
         if self._server is not None:  # every admitted call has its answer; now close the port
-            await self._server.stop(_ANSWER_S)
+            await self._close_server(self._server)
             self._server = None
         if self.config.workers == "ray":
             from evenflow.server.workers import ray_host
@@ -275,6 +270,19 @@ class App:
         if self._metrics is not None:
             await self._metrics.close()
             self._metrics = None
+
+    async def _close_server(self, server: grpc.aio.Server) -> None:
+        """Once the answers are on the wire, no call may reach gRPC's stop: clients still
+        sending hear UNAVAILABLE from their closed connection instead of CANCELLED."""
+        if self._frontend is not None:
+            unsent = await self._frontend.answered(_ANSWER_S)
+            if unsent:
+                logger.warning("%d calls not answered within %.1f s; closing the port",
+                               unsent, _ANSWER_S)
+        closed = close_port(self.port)
+        logger.info("port %d closed: %d listeners, %d client connections", self.port,
+                    closed.listeners, closed.connections)
+        await server.stop(_ANSWER_S)
 
 
 async def serve(config: ServerConfig) -> None:

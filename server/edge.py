@@ -93,7 +93,36 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                                                    extensions=EXTENSIONS)
         self.ready = False
         self.draining = False  # shutting down: new inference calls hear UNAVAILABLE
-        self.last_refused_s = 0.0  # when draining last refused a call
+        self._open_calls = 0  # taken before the drain, status not yet sent
+        self._all_sent = asyncio.Event()
+        self._all_sent.set()
+        self._streams: set[_InferStream] = set()
+
+    def drain(self) -> None:
+        """Shutting down: new inference calls, and new requests on open streams, hear
+        UNAVAILABLE; what was admitted is still answered, and each open stream ends with
+        UNAVAILABLE once its admitted requests have their responses."""
+        self.ready, self.draining = False, True
+        for stream in self._streams:
+            stream.drain()
+
+    def track(self, context: grpc.aio.ServicerContext) -> None:
+        """Count the call until gRPC has sent its status (``answered`` waits for that)."""
+        self._open_calls += 1
+        self._all_sent.clear()
+        context.add_done_callback(self._call_done)
+
+    def _call_done(self, _context: grpc.aio.ServicerContext) -> None:
+        self._open_calls -= 1
+        if self._open_calls == 0:
+            self._all_sent.set()
+
+    async def answered(self, timeout_s: float) -> int:
+        """Wait (up to ``timeout_s``) until every call taken before the drain has had its status
+        sent; returns how many have not."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_sent.wait(), timeout_s)
+        return self._open_calls
 
     async def _infer(self, request: pb.ModelInferRequest | Undecodable,
                      deadline_s: float) -> pb.ModelInferResponse:
@@ -106,8 +135,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _checked(self, request: pb.ModelInferRequest | Undecodable) -> pb.ModelInferRequest:
         if self.draining:
-            self.last_refused_s = time.monotonic()
-            raise ShuttingDown("the server is shutting down; send to another replica")
+            raise _shutting_down()
         if isinstance(request, Undecodable):
             raise InvalidRequest(request.reason)
         return request
@@ -153,6 +181,8 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest | Undecodable,
                          context: grpc.aio.ServicerContext) -> pb.ModelInferResponse:
+        if not self.draining:
+            self.track(context)
         try:
             return await self._infer(request, _deadline_s(context))
         except EvenflowError as exc:
@@ -171,14 +201,22 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                                ) -> AsyncIterator[pb.ModelStreamInferResponse]:
         """Requests are run concurrently; responses are written as they finish (match by id).
         A failed request yields a response with ``error_message`` and the stream goes on
-        (``_InferStream``)."""
+        (``_InferStream``). A drain ends the stream with UNAVAILABLE once what it admitted
+        is answered."""
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
+        self.track(context)
         stream = _InferStream(self, _deadline_s(context))
+        self._streams.add(stream)
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
             while (item := await stream.results.get()) is not None:
                 yield item
+            if not reader.done():  # drained while the client still sends
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
             await reader
         finally:
+            self._streams.discard(stream)
             await stream.close(reader)
 
     def _stream_error(self, request: pb.ModelInferRequest | Undecodable,
@@ -282,20 +320,6 @@ class GenericOnly:
         pass  # the generic handler added just before serves these methods
 
 
-async def refuse_until_quiet(servicer: EdgeServicer, quiet_s: float = 0.1,
-                             linger_max_s: float = 1.0) -> None:
-    """Keep answering new calls UNAVAILABLE until none came for ``quiet_s`` (at most
-    ``linger_max_s``): calls racing the closing port would otherwise be cancelled by gRPC
-    rather than refused."""
-    deadline_s = time.monotonic() + linger_max_s
-    while True:
-        now_s = time.monotonic()
-        waited_s = now_s - servicer.last_refused_s
-        if waited_s >= quiet_s or now_s >= deadline_s:
-            return
-        await asyncio.sleep(min(quiet_s - waited_s, deadline_s - now_s))
-
-
 class _CapturedRegistration:
     """Stands in for a server to read what the generated code registers."""
 
@@ -320,6 +344,10 @@ def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError
             "request_id": request.id, "model": request.model_name, "code": exc.code.name})
 
 
+def _shutting_down() -> ShuttingDown:
+    return ShuttingDown("the server is shutting down; send to another replica")
+
+
 def _internal_error(request: pb.ModelInferRequest | Undecodable,
                     error: Exception) -> EvenflowError:
     return internal_error(error, f"request {request.id!r} to model {request.model_name!r}")
@@ -338,6 +366,7 @@ class _InferStream:
         self._in_flight: set[asyncio.Future[Any]] = set()  # answers not yet written
         self._all_answered = asyncio.Event()
         self._all_answered.set()
+        self._draining = False
 
     async def read(self, requests: AsyncIterator[pb.ModelInferRequest | Undecodable]) -> None:
         """Start every request; ``None`` goes into ``results`` once all are answered."""
@@ -347,6 +376,13 @@ class _InferStream:
                 self._start(request)
             await self._all_answered.wait()
         finally:
+            self.results.put_nowait(None)
+
+    def drain(self) -> None:
+        """The server is shutting down: end the stream once every admitted request has its
+        response (those read from now on are refused, see ``EdgeServicer._checked``)."""
+        self._draining = True
+        if not self._in_flight:
             self.results.put_nowait(None)
 
     async def close(self, reader: asyncio.Task[None]) -> None:
@@ -391,6 +427,8 @@ class _InferStream:
         self._slots.release()
         if not self._in_flight:
             self._all_answered.set()
+            if self._draining:
+                self.results.put_nowait(None)
 
 
 @dataclass(slots=True)

@@ -25,7 +25,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from evenflow.balancer import EvenflowError, InvalidRequest
+from evenflow.balancer import EvenflowError, InvalidRequest, ModelNotFound, ShuttingDown
 from evenflow.server import shapes
 from evenflow.server.datatypes import WIRE_TYPES
 from evenflow.server.ipc import arrays, child
@@ -237,6 +237,12 @@ class FrontendPool:
             shape_key = shapes.shape_key(inputs) if model.definition.variable_shapes else None
             future = model.submit(inputs, request.num_samples, request.deadline_s,
                                   request.priority, shape_key)
+        except ModelNotFound as exc:
+            # Sent before the front-end heard the drain, it arrives after the models closed.
+            error = ShuttingDown("the server is shutting down; send to another replica") \
+                if self._stopping else exc
+            self._send(identity, msg.Refused(request.id, to_wire(error)))
+            return
         except EvenflowError as exc:
             self._send(identity, msg.Refused(request.id, to_wire(exc)))
             return

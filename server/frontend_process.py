@@ -33,13 +33,13 @@ from evenflow.balancer import EvenflowError, ShuttingDown
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
 from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.server.closing import close_port
 from evenflow.server.edge import (
     EdgeServicer,
     InferTarget,
     add_inference_service,
     add_support_services,
     forward_service,
-    refuse_until_quiet,
 )
 from evenflow.server.frontend_pool import FrontendSettings
 from evenflow.server.ipc import arrays, child
@@ -217,9 +217,11 @@ class FrontendServicer(EdgeServicer):
         return pb.ServerReadyResponse(ready=self.ready and self._link.serving)
 
 
-def _forwarder(link: EngineLink) -> Any:
+def _forwarder(link: EngineLink, edge: EdgeServicer) -> Any:
     def forward(path: str) -> grpc.RpcMethodHandler:
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            if not edge.draining:  # taken: answered before the port closes
+                edge.track(context)
             remaining_s = context.time_remaining()
             deadline_s = math.inf if remaining_s is None else time.monotonic() + remaining_s
             try:
@@ -252,7 +254,7 @@ def _build_server(settings: FrontendSettings, edge: FrontendServicer, link: Engi
     token = load_token(Path(settings.auth_token_file) if settings.auth_token_file else None)
     interceptors = [TokenInterceptor(token, settings.auth_groups)] if token else []
     server = grpc.aio.server(options=options, interceptors=interceptors)
-    forward = _forwarder(link)
+    forward = _forwarder(link, edge)
     add_inference_service(edge, server, forward)
     forward_service(evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server,
                     evenflow_pb2_grpc.EvenflowStatsServicer(), server, forward)
@@ -311,16 +313,20 @@ async def _serve(settings: FrontendSettings) -> None:
     stop = asyncio.create_task(link.stop.wait())
     gone = asyncio.create_task(engine_gone.wait())
     await asyncio.wait({drain, stop, gone}, return_when=asyncio.FIRST_COMPLETED)
-    edge.ready, edge.draining = False, True  # new inference calls hear UNAVAILABLE
+    edge.drain()  # new inference calls hear UNAVAILABLE
     await health_servicer.enter_graceful_shutdown()
     await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
     if gone.done():
         logger.error("%s: the engine is gone; exiting", identity)
-        link.fail_all(ShuttingDown("the server's engine process is gone"))
-        await server.stop(0)
-    else:
-        await refuse_until_quiet(edge)
-        await server.stop(_ANSWER_S)
+    # The engine sends Stop after the answer to every request it admitted from here; what is
+    # still awaited (the engine is gone, or a forwarded call) fails with UNAVAILABLE.
+    link.fail_all(ShuttingDown("the server is shutting down; send to another replica"))
+    unsent = await edge.answered(_ANSWER_S)
+    if unsent:
+        logger.warning("%s: %d calls not answered within %.1f s; closing the port", identity,
+                       unsent, _ANSWER_S)
+    close_port(settings.port)  # no call may reach gRPC's stop (see closing)
+    await server.stop(_ANSWER_S)
     tasks = (drain, stop, gone, receiver, *health_updates)
     for task in tasks:
         task.cancel()
