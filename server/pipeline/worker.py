@@ -60,8 +60,8 @@ class PipelineWorker:
     Re-balancing: every batch reports each stage's time. When the stages' times drift from the
     plan's proportions (a device slowed down), the device speeds implied by the measurements
     feed a new plan; if it is clearly better, the worker stops taking batches, lets the ones in
-    flight finish, moves the layers, and resumes. Queued requests wait in the replica's queue
-    meanwhile, so none is lost or answered twice.
+    flight finish, places the layers that change device (from the definition's), and resumes.
+    Queued requests wait in the replica's queue meanwhile, so none is lost or answered twice.
     """
 
     def __init__(self, *, model_name: str, definition: ModelDefinition,
