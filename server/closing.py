@@ -35,27 +35,28 @@ class ClosedPort:
 def close_port(port: int) -> ClosedPort:
     """Shut down this process's listening TCP sockets on ``port``, then send FIN on every
     connection accepted on it. The file descriptors stay open: they are gRPC's to close."""
-    try:
-        names = os.listdir(_FD_DIR)
-    except OSError:
+    if not os.path.isdir(_FD_DIR):
         logger.info("no %s: client connections on port %d are left to gRPC", _FD_DIR, port)
         return ClosedPort(0, 0)
-    listening: list[socket.socket] = []
-    connected: list[socket.socket] = []
-    for name in names:
+    # Listeners first, then a fresh look for connections: one accepted meanwhile is found too,
+    # and a client whose connection closes, reconnecting at once, is refused.
+    listeners = _shutdown_all(port, listening=True, how=socket.SHUT_RDWR)
+    connections = _shutdown_all(port, listening=False, how=socket.SHUT_WR)
+    return ClosedPort(listeners, connections)
+
+
+def _shutdown_all(port: int, *, listening: bool, how: int) -> int:
+    count = 0
+    for name in os.listdir(_FD_DIR):
         sock = _tcp_socket_on(int(name), port)
         if sock is None:
             continue
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
-            listening.append(sock)
-        else:
-            connected.append(sock)
-    # Listeners first: a client whose connection closes reconnects at once, and must be refused.
-    listeners = sum(_shutdown(sock, socket.SHUT_RDWR) for sock in listening)
-    connections = sum(_shutdown(sock, socket.SHUT_WR) for sock in connected if _has_peer(sock))
-    for sock in (*listening, *connected):
-        sock.close()  # the duplicate only
-    return ClosedPort(listeners, connections)
+        with sock:  # the duplicate only
+            if bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)) != listening:
+                continue
+            if (listening or _has_peer(sock)) and _shutdown(sock, how):
+                count += 1
+    return count
 
 
 def _tcp_socket_on(fd: int, port: int) -> socket.socket | None:
