@@ -112,3 +112,28 @@ async def test_what_is_left_fails_with_unavailable(server_factory, second_signal
     assert answers == ["UNAVAILABLE"] * 3
     assert time.monotonic() - started < 4.0  # well before the 5 s batch would have ended
     assert await asyncio.to_thread(server.proc.wait, 30) == 0
+
+
+async def test_open_stream_gets_its_answers_then_unavailable(server_factory) -> None:  # type: ignore[no-untyped-def]
+    """A stream the client keeps open through SIGTERM: what it had admitted is answered, then
+    the server ends it with UNAVAILABLE at once (it used to stay open until gRPC's stop gave up
+    on it, 5 s later)."""
+    server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "300",
+                            "--max-batch", "1", "--latency-target-ms", "60000")
+    async with grpc.aio.insecure_channel(server.url) as channel:
+        call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(timeout=30)
+        for request_id in ("a", "b"):
+            await call.write(pb.ModelInferRequest(
+                id=request_id, model_name=REQUEST.model_name, inputs=REQUEST.inputs,
+                raw_input_contents=REQUEST.raw_input_contents))
+        await admitted(channel, 2)
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        answers = [await call.read() for _ in range(2)]
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            await call.read()
+    assert sorted((a.infer_response.id, a.error_message) for a in answers) == [("a", ""),
+                                                                               ("b", "")]
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE, ended.value
+    assert time.monotonic() - started < 4.0  # the stream's end waited for nothing
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0
