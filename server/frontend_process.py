@@ -318,13 +318,14 @@ async def _serve(settings: FrontendSettings) -> None:
     await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
     if gone.done():
         logger.error("%s: the engine is gone; exiting", identity)
-    # The engine sends Stop after the answer to every request it admitted from here; what is
-    # still awaited (the engine is gone, or a forwarded call) fails with UNAVAILABLE.
-    link.fail_all(ShuttingDown("the server is shutting down; send to another replica"))
+        link.fail_all(ShuttingDown("the server's engine process is gone"))
+    # The engine sent Stop after the answer to every request it admitted from here; forwarded
+    # calls still get theirs while it waits for this process to exit.
     unsent = await edge.answered(_ANSWER_S)
     if unsent:
         logger.warning("%s: %d calls not answered within %.1f s; closing the port", identity,
                        unsent, _ANSWER_S)
+        link.fail_all(ShuttingDown("the server is shutting down; send to another replica"))
     close_port(settings.port)  # no call may reach gRPC's stop (see closing)
     await server.stop(_ANSWER_S)
     tasks = (drain, stop, gone, receiver, *health_updates)
