@@ -40,23 +40,34 @@ def close_port(port: int) -> ClosedPort:
         return ClosedPort(0, 0)
     # Listeners first, then a fresh look for connections: one accepted meanwhile is found too,
     # and a client whose connection closes, reconnecting at once, is refused.
-    listeners = _shutdown_all(port, listening=True, how=socket.SHUT_RDWR)
-    connections = _shutdown_all(port, listening=False, how=socket.SHUT_WR)
+    addresses: set[str] = set()
+    listeners = 0
+    for sock in _sockets_on(port):
+        with sock:  # the duplicate only
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                addresses.add(sock.getsockname()[0])
+                listeners += _shutdown(sock, socket.SHUT_RDWR)
+    connections = 0
+    for sock in _sockets_on(port):
+        with sock:
+            if (_accepted_by(sock, addresses) and _has_peer(sock)
+                    and _shutdown(sock, socket.SHUT_WR)):
+                connections += 1
     return ClosedPort(listeners, connections)
 
 
-def _shutdown_all(port: int, *, listening: bool, how: int) -> int:
-    count = 0
-    for name in os.listdir(_FD_DIR):
-        sock = _tcp_socket_on(int(name), port)
-        if sock is None:
-            continue
-        with sock:  # the duplicate only
-            if bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)) != listening:
-                continue
-            if (listening or _has_peer(sock)) and _shutdown(sock, how):
-                count += 1
-    return count
+def _sockets_on(port: int) -> list[socket.socket]:
+    found = (_tcp_socket_on(int(name), port) for name in os.listdir(_FD_DIR))
+    return [sock for sock in found if sock is not None]
+
+
+def _accepted_by(sock: socket.socket, listener_addresses: set[str]) -> bool:
+    """On an address a listener had (a wildcard one takes every address), not a connection
+    this process made from the same port number elsewhere. Where no listener is left, every
+    connection on the port is the server's."""
+    if not listener_addresses or listener_addresses & {"0.0.0.0", "::"}:
+        return True
+    return str(sock.getsockname()[0]) in listener_addresses
 
 
 def _tcp_socket_on(fd: int, port: int) -> socket.socket | None:

@@ -42,3 +42,20 @@ def test_a_port_nothing_serves_closes_nothing() -> None:
     with socket.create_server(("127.0.0.1", 0)) as other:
         port = other.getsockname()[1]
     assert close_port(port) == ClosedPort(0, 0)
+
+
+def test_a_connection_this_process_made_from_the_same_port_number_is_left_alone() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    elsewhere = socket.create_server(("127.0.0.1", 0))
+    outbound = socket.socket()
+    outbound.bind(("127.0.0.2", port))  # same number, another address
+    outbound.connect(elsewhere.getsockname())
+    peer, _ = elsewhere.accept()
+    try:
+        assert close_port(port) == ClosedPort(listeners=1, connections=0)
+        outbound.sendall(b"y")  # its sending half is still open
+        assert peer.recv(1) == b"y"
+    finally:
+        for sock in (outbound, peer, elsewhere, listener):
+            sock.close()
