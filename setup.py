@@ -1,9 +1,9 @@
 """Package discovery for evenflow's layout: the top-level folders are ``evenflow.<folder>``.
 
 setuptools' own ``find`` cannot add the ``evenflow.`` prefix, and a hand-kept list misses new
-subpackages (it once shipped a wheel without ``evenflow.server.pipeline``). Every directory under
-the top-level folders is a package, data-only ones (``loadtest/scenarios``) included, so nothing
-can be left out and setuptools has nothing to warn about. Everything else is in pyproject.toml.
+subpackages. Every directory under the top-level folders is a package, data-only ones
+(``loadtest/scenarios``) included, so nothing can be left out and setuptools has nothing to warn
+about. Everything else is in pyproject.toml.
 """
 
 from pathlib import Path

@@ -28,8 +28,8 @@ import zmq
 import zmq.asyncio
 
 from benchmarks.harness import REPO, wait_for_line, write_json
-from evenflow.server.ipc import arrays
-from evenflow.server.ipc import frontend_messages as msg
+from evenflow.server.processes.ipc import arrays
+from evenflow.server.processes.ipc import frontend_messages as msg
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +50,13 @@ def _cpu_s(pid: int) -> float:
 
 async def _engine(address: str) -> None:
     from evenflow.balancer import BalancerConfig
-    from evenflow.server.config import ServerConfig
-    from evenflow.server.frontend_pool import FrontendPool
-    from evenflow.server.model_control import ModelManager
+    from evenflow.server.config.server_config import ServerConfig
+    from evenflow.server.engine.model_control import ModelManager
+    from evenflow.server.engine.proxied_calls import ProxiedCalls
+    from evenflow.server.engine.served import ModelTable
     from evenflow.server.models.repository import BuiltinOptions
     from evenflow.server.models.spec import SimProfile
-    from evenflow.server.proxied_calls import ProxiedCalls
-    from evenflow.server.served import ModelTable
+    from evenflow.server.processes.frontend_pool import FrontendPool
     from evenflow.server.workers.devices import parse_devices
 
     config = ServerConfig(models=(("m", "sim"),), devices="sim:1,sim:1", workers="process",

@@ -94,7 +94,7 @@ def evenflow_argv(*args: str, time_admission: bool = False) -> list[str]:
     (``--max-queue-delay-ms inf``): most benchmarks drive closed loops past what the latency
     target allows to measure capacity, and perf_analyzer stops at the first refusal."""
     off = () if time_admission else ("--max-queue-delay-ms", "inf")
-    return [sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0",
+    return [sys.executable, "-m", "evenflow.server.config.cli", "serve", "--port", "0",
             "--log-level", "WARNING", *off, *args]
 
 

@@ -20,7 +20,8 @@ from benchmarks.harness import REPO, evenflow_argv, median, perf_analyzer, start
 
 def harness_point(url: str, concurrency: int, seconds: float, out: Path, procs: int) -> dict:
     run = subprocess.run(
-        [sys.executable, "-m", "evenflow.server.cli", "loadtest", "--url", url, "--model", "mlp",
+        [sys.executable, "-m", "evenflow.server.config.cli", "loadtest", "--url", url,
+         "--model", "mlp",
          "--concurrency", str(concurrency), "--duration-s", str(seconds), "--warmup-s", "1",
          "--procs", str(procs), "--out", str(out)],
         check=False, capture_output=True, text=True, timeout=300)

@@ -35,7 +35,7 @@ from benchmarks.harness import REPO, Server, evenflow_argv, start, write_json
 from evenflow.balancer.stats import CPU_PARTS
 from evenflow.loadtest.runner import OK, Target, closed_loop, mlp_like_request
 from evenflow.loadtest.streaming import stream_closed_loop
-from evenflow.server.cpu_accounting import ENV_VAR
+from evenflow.server.observability.cpu_accounting import ENV_VAR
 
 REST = "grpc+loop"
 

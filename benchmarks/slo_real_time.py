@@ -49,7 +49,7 @@ def virtual_goodput(slo_s: float, window: Window) -> float:
 
 
 def _loadtest(url: str, *args: str) -> None:
-    subprocess.run([sys.executable, "-m", "evenflow.server.cli", "loadtest", "--url", url,
+    subprocess.run([sys.executable, "-m", "evenflow.server.config.cli", "loadtest", "--url", url,
                     "--model", "sim", "--duration-s", "5", "--warmup-s", "1", *args],
                    check=True, capture_output=True, text=True, timeout=900)
 

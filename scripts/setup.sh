@@ -11,8 +11,8 @@ pip() { .venv/bin/python -m pip "$@" 2>&1 | grep -v "^WARNING: Location" || true
 pip install -q --upgrade pip
 pip install -q "torch==${EVENFLOW_TORCH_VERSION:-2.13.0}"
 pip install -q ".[${EVENFLOW_EXTRAS:-dev}]"  # CI adds the ray extra: EVENFLOW_EXTRAS=dev,ray
-.venv/bin/python -c "import evenflow.server.app, tritonclient.grpc" >/dev/null 2>&1 \
-  || .venv/bin/python -c "import evenflow.server.app"  # fail loudly if the install is broken
+.venv/bin/python -c "import evenflow.server.engine.app, tritonclient.grpc" >/dev/null 2>&1 \
+  || .venv/bin/python -c "import evenflow.server.engine.app"  # fail loudly if the install is broken
 
 if [ "${1:-}" = "--perf-analyzer" ]; then
   # perf_analyzer ships inside tritonclient wheels up to 2.51.0; installed apart, without

@@ -25,7 +25,7 @@ from benchmarks.gpu_check.serving import (
 from evenflow.client import Client
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server.pipeline.layers import split_into_layers
+from evenflow.server.workers.pipeline.layers import split_into_layers
 from evenflow.server.workers.replica_module import copied_to
 from evenflow.server.workers.tensors import to_device, to_host
 

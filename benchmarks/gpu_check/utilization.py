@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from evenflow.server.telemetry import NvmlSampler
+from evenflow.server.observability.telemetry import NvmlSampler
 
 INTERVAL_S = 0.2
 

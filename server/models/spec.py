@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from evenflow.server.datatypes import WIRE_TYPES
+from evenflow.server.edge.datatypes import WIRE_TYPES
 
 if TYPE_CHECKING:  # front-end processes read tensor specs and never import torch
     import torch

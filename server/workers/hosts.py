@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from evenflow.balancer import BatchFailed, Worker, WorkerStatus
-from evenflow.server.config import DTYPES, WORKER_HOSTS, PipelineConfig, ServerConfig
+from evenflow.server.config.server_config import DTYPES, WORKER_HOSTS, PipelineConfig, ServerConfig
 from evenflow.server.models.repository import BuiltinOptions, load_definition
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
-from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.pipeline.worker import PipelineWorker
 from evenflow.server.workers.ray_resources import RayPlacement
 from evenflow.server.workers.torch_worker import SimWorker, TorchWorker
 

@@ -27,10 +27,10 @@ import zmq
 
 from evenflow.balancer.errors import BatchFailed, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
-from evenflow.server.ipc import arrays, child
-from evenflow.server.ipc import worker_messages as msg
-from evenflow.server.ipc.errors import from_wire
-from evenflow.server.ipc.loop_socket import LoopSocket
+from evenflow.server.processes.ipc import arrays, child
+from evenflow.server.processes.ipc import worker_messages as msg
+from evenflow.server.processes.ipc.errors import from_wire
+from evenflow.server.processes.ipc.loop_socket import LoopSocket
 from evenflow.server.workers.hosts import HostedWorker, WorkerSpec
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class ProcessWorker(HostedWorker):
         loop = asyncio.get_running_loop()
         self._first = loop.create_future()
         self._socket = LoopSocket(pair, loop, self._receive)
-        process = await child.spawn("evenflow.server.workers.worker_main", address,
+        process = await child.spawn("evenflow.server.processes.worker_process", address,
                                     settings=self._spec)
         self._process = process
         try:

@@ -13,7 +13,7 @@ from collections import Counter
 
 import ray
 
-from evenflow.server.model_control import ModelManager
+from evenflow.server.engine.model_control import ModelManager
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.ray_resources import SIM_RESOURCE
 

@@ -35,8 +35,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from evenflow.balancer.errors import BatchFailed, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
-from evenflow.server.ipc import arrays
-from evenflow.server.ipc.errors import WireError, from_wire, to_wire
+from evenflow.server.processes.ipc import arrays
+from evenflow.server.processes.ipc.errors import WireError, from_wire, to_wire
 from evenflow.server.workers.hosts import (
     HostedWorker,
     WorkerSpec,

@@ -12,9 +12,9 @@ import torch
 
 from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory
 from evenflow.balancer.job import BatchResult, BatchTiming, Job
-from evenflow.server import cpu_accounting
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
+from evenflow.server.observability import cpu_accounting
 from evenflow.server.workers.cuda_sync import blocking_event, wait_for_stream
 from evenflow.server.workers.device_errors import classify_device_error
 from evenflow.server.workers.devices import DeviceSpec

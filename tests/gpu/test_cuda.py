@@ -20,9 +20,9 @@ from evenflow.server.models.builtin import build_mlp
 from evenflow.server.models.exported import load_exported
 from evenflow.server.models.repository import load_torchscript
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
-from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.workers.cuda_sync import wait_for_stream
 from evenflow.server.workers.devices import parse_devices
+from evenflow.server.workers.pipeline.worker import PipelineWorker
 from evenflow.server.workers.torch_worker import TorchWorker
 from tests.exported_programs import export_with_positions
 

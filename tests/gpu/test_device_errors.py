@@ -98,7 +98,7 @@ def test_a_device_side_assert_takes_a_thread_replica_out_for_good() -> None:
 
 
 async def test_a_device_side_assert_restarts_a_process_replica_into_a_fresh_context() -> None:
-    from evenflow.server.config import PipelineConfig
+    from evenflow.server.config.server_config import PipelineConfig
     from evenflow.server.models.repository import BuiltinOptions
     from evenflow.server.workers.devices import parse_devices
     from evenflow.server.workers.hosts import WorkerSpec

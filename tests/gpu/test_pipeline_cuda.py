@@ -15,8 +15,8 @@ import torch
 from evenflow.balancer import Job
 from evenflow.server.models.builtin import build_encoder, build_mlp
 from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.workers.devices import parse_devices
+from evenflow.server.workers.pipeline.worker import PipelineWorker
 from evenflow.server.workers.replica_module import copied_to
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]

@@ -7,8 +7,8 @@ import math
 from collections.abc import AsyncIterator
 
 from evenflow.balancer import BalancerConfig
-from evenflow.server.app import App
-from evenflow.server.config import ServerConfig
+from evenflow.server.config.server_config import ServerConfig
+from evenflow.server.engine.app import App
 from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import SimProfile
 from tests.conftest import server_mode_settings

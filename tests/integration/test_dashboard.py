@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from evenflow.client import AsyncClient, InvalidInputError
-from evenflow.server.metrics import GPU_METRIC_NAMES
 from evenflow.server.models.spec import SimProfile
+from evenflow.server.observability.metrics import GPU_METRIC_NAMES
 from tests.integration.inprocess import running_app
 from tests.integration.test_metrics import http, parse
 

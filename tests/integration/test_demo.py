@@ -20,7 +20,7 @@ DEVICE_LINE = re.compile(r"^  (\S+) on (\S+): (\d+) requests in (\d+) batches of
 
 def demo(*args: str) -> str:
     env = dict(os.environ, PYTHONPATH=str(TESTS_DIR.parent))
-    run = subprocess.run([sys.executable, "-m", "evenflow.server.cli", "demo", "--log-level",
+    run = subprocess.run([sys.executable, "-m", "evenflow.server.config.cli", "demo", "--log-level",
                           "WARNING", *args], capture_output=True, text=True, timeout=100,
                          check=False, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

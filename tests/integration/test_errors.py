@@ -253,7 +253,7 @@ async def test_a_bug_in_the_server_answers_internal_and_the_server_keeps_serving
         pytest.skip("patches the edge's encoder in this process; with --frontends the edge "
                     "runs in the front-end processes")
     from evenflow.client import ServerInternalError
-    from evenflow.server import codec
+    from evenflow.server.edge import codec
 
     real_encode = codec.encode_response
 

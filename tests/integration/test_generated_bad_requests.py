@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server.datatypes import WIRE_TYPES
+from evenflow.server.edge.datatypes import WIRE_TYPES
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def loadtest(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "evenflow.server.cli", "loadtest", *args],
+    return subprocess.run([sys.executable, "-m", "evenflow.server.config.cli", "loadtest", *args],
                           check=False, capture_output=True, text=True, timeout=100)
 
 

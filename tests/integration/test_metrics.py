@@ -12,8 +12,8 @@ import pytest
 from evenflow.balancer import BalancerConfig
 from evenflow.balancer.stats import CPU_PARTS
 from evenflow.client import AsyncClient, InvalidInputError, ModelNotFoundError
-from evenflow.server.cpu_accounting import ENV_VAR
 from evenflow.server.models.spec import SimProfile
+from evenflow.server.observability.cpu_accounting import ENV_VAR
 from tests.integration.inprocess import running_app
 
 pytestmark = pytest.mark.timeout(60)
@@ -133,7 +133,7 @@ async def test_no_metrics_port_unless_asked_for() -> None:
 
 
 async def test_slow_clients_get_a_deadline_and_a_connection_cap() -> None:
-    from evenflow.server.metrics_http import MetricsEndpoint
+    from evenflow.server.observability.metrics_http import MetricsEndpoint
 
     endpoint = MetricsEndpoint(lambda: b"up 1\n", "text/plain", head_timeout_s=0.2,
                                max_connections=2)

@@ -12,8 +12,8 @@ import pytest
 
 from evenflow.balancer import BalancerConfig
 from evenflow.client import AsyncClient, ModelNotFoundError
-from evenflow.server.app import App
-from evenflow.server.config import ModelConfig, ServerConfig
+from evenflow.server.config.server_config import ModelConfig, ServerConfig
+from evenflow.server.engine.app import App
 from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import SimProfile
 from tests.conftest import TESTS_DIR

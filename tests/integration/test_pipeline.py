@@ -13,11 +13,11 @@ import torch
 from evenflow.balancer import BalancerConfig, Job
 from evenflow.client import AsyncClient, ServerInternalError
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
-from evenflow.server.app import App
-from evenflow.server.config import PipelineConfig, ServerConfig
+from evenflow.server.config.server_config import PipelineConfig, ServerConfig
+from evenflow.server.engine.app import App
 from evenflow.server.models.builtin import build_encoder, build_mlp, build_sim_layers
-from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.workers.devices import parse_devices
+from evenflow.server.workers.pipeline.worker import PipelineWorker
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,7 +17,7 @@ import pytest
 from evenflow.balancer import BalancerConfig
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server.app import App
+from evenflow.server.engine.app import App
 from evenflow.server.workers.process_host import ProcessWorker
 from tests.integration.inprocess import running_app
 from tests.integration.load import FAST, Load

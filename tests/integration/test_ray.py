@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from evenflow.balancer import BalancerConfig, Policy
-from evenflow.server.app import App
-from evenflow.server.config import ServerConfig
+from evenflow.server.config.server_config import ServerConfig
+from evenflow.server.engine.app import App
 from tests.conftest import TESTS_DIR
 from tests.integration.inprocess import running_app
 from tests.integration.load import FAST, Load

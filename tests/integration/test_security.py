@@ -159,7 +159,8 @@ def test_loadtest_takes_the_same_credentials(tls_server, pki: Pki, token_file: P
                                              tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import json
 
-    command = [sys.executable, "-m", "evenflow.server.cli", "loadtest", "--url", tls_server.url,
+    command = [sys.executable, "-m", "evenflow.server.config.cli", "loadtest",
+               "--url", tls_server.url,
                "--model", "mlp", "--concurrency", "2", "--duration-s", "1", "--warmup-s", "0",
                "--tls-ca", str(pki.ca), "--out", str(tmp_path / "lt")]
     run = subprocess.run([*command, "--token-file", str(token_file)], capture_output=True,

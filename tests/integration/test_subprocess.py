@@ -162,8 +162,9 @@ async def test_metrics_port_flag_serves_prometheus_text(server_factory) -> None:
     (["--devices", "cpu:0,cpu:1,cpu:2", "--pipeline-stages", "2"], "cannot form pipelines"),
     (["--model", "nosuch"], "unknown built-in model")])
 def test_bad_command_lines_exit_with_usage(args: list[str], message: str) -> None:
-    run = subprocess.run([sys.executable, "-m", "evenflow.server.cli", "serve", "--port", "0",
-                          *args], check=False, capture_output=True, text=True, timeout=60)
+    run = subprocess.run([sys.executable, "-m", "evenflow.server.config.cli", "serve",
+                          "--port", "0", *args],
+                         check=False, capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert message in run.stderr
 

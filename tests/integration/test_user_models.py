@@ -65,8 +65,8 @@ def test_factory_must_return_a_definition() -> None:
 
 
 async def test_a_failed_start_closes_what_it_built() -> None:
-    from evenflow.server.app import App
-    from evenflow.server.config import ServerConfig
+    from evenflow.server.config.server_config import ServerConfig
+    from evenflow.server.engine.app import App
 
     app = App(ServerConfig(port=0, devices="cpu", models=(("mlp", "mlp"),
                                                           ("bad", "tests.fixture_models:nope"))))

@@ -17,7 +17,7 @@ import pytest
 from benchmarks.virtual_time import SimDevice, VirtualLoop
 from evenflow.balancer import BalancerConfig, ModelBalancer, Overloaded
 from evenflow.loadtest.arrivals import Arrival, send_times_s
-from evenflow.server.settings import ConfigError, load
+from evenflow.server.config.deployment_file import ConfigError, load
 from tests.conftest import FakeClock, FakeWorker
 
 pytestmark = pytest.mark.timeout(30)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from evenflow.server.closing import ClosedPort, close_port
+from evenflow.server.edge.closing import ClosedPort, close_port
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="finds its sockets in /proc/self/fd")

@@ -5,7 +5,7 @@ import pytest
 
 from evenflow.balancer import InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.server.codec import decode_inputs, encode_response, requested_outputs
+from evenflow.server.edge.codec import decode_inputs, encode_response, requested_outputs
 from evenflow.server.models.spec import TensorSpec
 
 X = [TensorSpec("x", "FP32", (-1, 4))]

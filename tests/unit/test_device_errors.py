@@ -23,8 +23,8 @@ from evenflow.balancer import (
     WorkerLost,
 )
 from evenflow.balancer.errors import DeviceLost
-from evenflow.server.ipc.errors import from_wire, to_wire
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
+from evenflow.server.processes.ipc.errors import from_wire, to_wire
 from evenflow.server.workers.device_errors import classify_device_error
 from tests.conftest import FakeClock, FakeWorker
 
@@ -187,12 +187,12 @@ def poisoned() -> ModelDefinition:
 
 @pytest.mark.timeout(90)
 async def test_a_worker_process_exits_on_device_lost_and_restarts_fresh() -> None:
-    from evenflow.server.config import PipelineConfig
+    from evenflow.server.config.server_config import PipelineConfig
     from evenflow.server.models.repository import BuiltinOptions
+    from evenflow.server.processes.worker_process import DEVICE_LOST_EXIT_CODE
     from evenflow.server.workers.devices import parse_devices
     from evenflow.server.workers.hosts import WorkerSpec
     from evenflow.server.workers.process_host import ProcessWorker
-    from evenflow.server.workers.worker_main import DEVICE_LOST_EXIT_CODE
 
     spec = WorkerSpec(model_name="p", source=f"{__name__}:poisoned",
                       devices=tuple(parse_devices("cpu:0")), builtins=BuiltinOptions(),
@@ -219,7 +219,7 @@ def _jobs(x: np.ndarray) -> list[Job]:
 
 def test_the_stats_rpc_carries_why_a_replica_is_unusable() -> None:
     from evenflow.balancer import ReplicaSnapshot
-    from evenflow.server.stats_service import _replica
+    from evenflow.server.engine.stats_service import _replica
 
     snapshot = ReplicaSnapshot(
         name="m@cuda0", devices=("cuda0",), busy_fraction=0.0, busy_s=0.0, queued_requests=0,

@@ -17,10 +17,10 @@ from evenflow.balancer import (
 )
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server.ipc import arrays, frontend_messages, worker_messages
-from evenflow.server.ipc.errors import from_wire, to_wire
-from evenflow.server.proxied_calls import ProxiedCalls
-from evenflow.server.status import answers_errors
+from evenflow.server.edge.status import answers_errors
+from evenflow.server.engine.proxied_calls import ProxiedCalls
+from evenflow.server.processes.ipc import arrays, frontend_messages, worker_messages
+from evenflow.server.processes.ipc.errors import from_wire, to_wire
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from evenflow.server.telemetry import NvmlSampler, cuda_ordinals, normalized_uuid
+from evenflow.server.observability.telemetry import NvmlSampler, cuda_ordinals, normalized_uuid
 
 UUIDS = ("GPU-aaaaaaaa-0000-0000-0000-000000000000",
          "GPU-bbbbbbbb-1111-1111-1111-111111111111",
@@ -138,7 +138,7 @@ def test_an_unsupported_field_leaves_the_others_and_is_logged_once(
         caplog: pytest.LogCaptureFixture) -> None:
     nvml = FakeNvml(unsupported={(1, "clock"), (1, "throttle")})
     sampler = NvmlSampler(nvml, cuda_uuids=lambda: [_bare(u) for u in UUIDS])
-    caplog.set_level(logging.WARNING, logger="evenflow.server.telemetry")
+    caplog.set_level(logging.WARNING, logger="evenflow.server.observability.telemetry")
     for _ in range(200):  # 50 s of samples at the default interval
         first, second, third = sampler.sample()
     assert (second.utilization, second.temperature_c, second.memory_total_bytes) == \
@@ -146,7 +146,7 @@ def test_an_unsupported_field_leaves_the_others_and_is_logged_once(
     assert second.unsupported == {"sm_clock_mhz", "throttle_reasons"}
     assert (second.sm_clock_mhz, second.throttle_reasons) == (0, 0)
     assert not first.unsupported and first.sm_clock_mhz == 1980 and third.throttle_reasons == 4
-    warnings = [r for r in caplog.records if r.name == "evenflow.server.telemetry"]
+    warnings = [r for r in caplog.records if r.name == "evenflow.server.observability.telemetry"]
     assert len(warnings) == 2, [r.getMessage() for r in warnings]
     assert all("cuda1" in r.getMessage() and not r.exc_info for r in warnings)
     assert {r.getMessage().split(" cannot read ")[1].split(" ")[0] for r in warnings} == \

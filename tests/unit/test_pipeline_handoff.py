@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from evenflow.server.pipeline.stage import MicroBatch, Stage, move_tensor
+from evenflow.server.workers.pipeline.stage import MicroBatch, Stage, move_tensor
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,9 +15,9 @@ from evenflow.balancer import Job
 from evenflow.server.models.builtin import build_mlp
 from evenflow.server.models.sim import thread_speed
 from evenflow.server.models.spec import ModelDefinition, SimProfile, TensorSpec
-from evenflow.server.pipeline.layers import layer_costs_s, placed, split_into_layers
-from evenflow.server.pipeline.worker import PipelineWorker
 from evenflow.server.workers.devices import parse_devices
+from evenflow.server.workers.pipeline.layers import layer_costs_s, placed, split_into_layers
+from evenflow.server.workers.pipeline.worker import PipelineWorker
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from evenflow.server.prometheus import MetricFamily, render
+from evenflow.server.observability.prometheus import MetricFamily, render
 
 
 def parsed(page: bytes) -> dict[str, tuple[str, list[tuple[str, dict[str, str], float]]]]:

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from evenflow.balancer import Job
-from evenflow.server.config import ModelConfig, ServerConfig
-from evenflow.server.model_control import ModelManager
+from evenflow.server.config.server_config import ModelConfig, ServerConfig
+from evenflow.server.engine.model_control import ModelManager
+from evenflow.server.engine.served import ModelTable
 from evenflow.server.models.repository import load_torchscript
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
-from evenflow.server.served import ModelTable
 from evenflow.server.workers import torch_worker
 from evenflow.server.workers.devices import DeviceSpec, parse_devices
 from evenflow.server.workers.replica_module import module_for

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from evenflow.balancer import Policy
-from evenflow.server.cli import main
-from evenflow.server.config import ServerConfig
-from evenflow.server.settings import ConfigError, file_defaults, load
+from evenflow.server.config.cli import main
+from evenflow.server.config.deployment_file import ConfigError, file_defaults, load
+from evenflow.server.config.server_config import ServerConfig
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from evenflow.server.telemetry import NvmlSampler
+from evenflow.server.observability.telemetry import NvmlSampler
 
 
 class FakeNvml:

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from evenflow.balancer import BalancerConfig, BatchResult, Job, Worker, WorkerStatus
-from evenflow.server import model_control
-from evenflow.server.config import ModelConfig, ServerConfig
-from evenflow.server.model_control import ModelManager, ModelState
+from evenflow.server.config.server_config import ModelConfig, ServerConfig
+from evenflow.server.engine import model_control
+from evenflow.server.engine.model_control import ModelManager, ModelState
+from evenflow.server.engine.served import ModelTable
+from evenflow.server.engine.warmup import WarmupFailed, sample_inputs, warm_up, warmup_batch_sizes
 from evenflow.server.models.spec import ModelDefinition, Padding, TensorSpec
-from evenflow.server.served import ModelTable
-from evenflow.server.warmup import WarmupFailed, sample_inputs, warm_up, warmup_batch_sizes
 from evenflow.server.workers.devices import DeviceSpec, parse_devices
 
 pytestmark = pytest.mark.timeout(30)
@@ -201,7 +201,7 @@ async def test_inputs_that_cannot_be_sampled_skip_the_warmup_with_a_log_line(
     definition = ModelDefinition(module=torch.nn.Identity(),
                                  inputs=[TensorSpec("ids", "INT64", (-1, -1))],
                                  outputs=[TensorSpec("y", "INT64", (-1, -1))])
-    caplog.set_level(logging.INFO, logger="evenflow.server.warmup")
+    caplog.set_level(logging.INFO, logger="evenflow.server.engine.warmup")
     assert await warm_up([], definition, model_name="v", max_batch=8, batches=3) is None
     worker = CountingWorker(_Unused())
     assert await warm_up([worker], definition, model_name="v", max_batch=8, batches=3) is None

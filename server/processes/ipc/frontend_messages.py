@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import msgspec
 
-from evenflow.server.ipc.arrays import ArrayMeta
-from evenflow.server.ipc.errors import WireError
 from evenflow.server.models.spec import Padding, TensorSpec
+from evenflow.server.processes.ipc.arrays import ArrayMeta
+from evenflow.server.processes.ipc.errors import WireError
 
 
 class EdgeModel(msgspec.Struct, array_like=True, frozen=True):

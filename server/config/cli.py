@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from evenflow.balancer import BalancerConfig, Policy
-from evenflow.server.config import DTYPES, PARTITIONS, ServerConfig
-from evenflow.server.logs import configure_logging
+from evenflow.server.config.deployment_file import ConfigError, file_defaults, load
+from evenflow.server.config.server_config import DTYPES, PARTITIONS, ServerConfig
 from evenflow.server.models.builtin import ENCODER_SIZES
 from evenflow.server.models.repository import parse_model_arg
-from evenflow.server.settings import ConfigError, file_defaults, load
+from evenflow.server.observability.logs import configure_logging
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,10 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     configure_logging(config.log_level, config.log_format)
     if args.command == "demo":
-        from evenflow.server.demo import run_demo
+        from evenflow.server.engine.demo import run_demo
 
         return int(_run(lambda: run_demo(config, num_requests=args.requests)))
-    from evenflow.server.app import serve
+    from evenflow.server.engine.app import serve
 
     _run(lambda: serve(config))
     return 0

@@ -23,24 +23,24 @@ from evenflow.proto import (
     grpc_service_pb2,
     grpc_service_pb2_grpc,
 )
-from evenflow.server.closing import close_port
-from evenflow.server.config import ServerConfig
-from evenflow.server.edge import (
+from evenflow.server.config.server_config import ServerConfig
+from evenflow.server.edge.closing import close_port
+from evenflow.server.edge.security import TlsFiles, TokenInterceptor, load_token
+from evenflow.server.edge.servicer import (
     GenericOnly,
     add_inference_service,
     add_support_services,
 )
-from evenflow.server.frontend import InferenceServicer
-from evenflow.server.frontend_pool import FrontendPool, FrontendSettings
-from evenflow.server.metrics import collect
-from evenflow.server.metrics_http import MetricsEndpoint
-from evenflow.server.model_control import ModelManager
-from evenflow.server.prometheus import CONTENT_TYPE, render
-from evenflow.server.proxied_calls import ProxiedCalls
-from evenflow.server.security import TlsFiles, TokenInterceptor, load_token
-from evenflow.server.served import ModelTable
-from evenflow.server.stats_service import AdminServicer, StatsServicer
-from evenflow.server.telemetry import NvmlSampler
+from evenflow.server.engine.kserve_servicer import InferenceServicer
+from evenflow.server.engine.model_control import ModelManager
+from evenflow.server.engine.proxied_calls import ProxiedCalls
+from evenflow.server.engine.served import ModelTable
+from evenflow.server.engine.stats_service import AdminServicer, StatsServicer
+from evenflow.server.observability.metrics import collect
+from evenflow.server.observability.metrics_http import MetricsEndpoint
+from evenflow.server.observability.prometheus import CONTENT_TYPE, render
+from evenflow.server.observability.telemetry import NvmlSampler
+from evenflow.server.processes.frontend_pool import FrontendPool, FrontendSettings
 from evenflow.server.workers.devices import default_devices, parse_devices
 
 logger = logging.getLogger(__name__)

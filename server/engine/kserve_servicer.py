@@ -7,15 +7,15 @@ import grpc
 
 from evenflow.balancer import EvenflowError, InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.server.edge import EdgeServicer
-from evenflow.server.model_config import model_config, model_metadata, model_statistics
-from evenflow.server.model_control import (
+from evenflow.server.edge.servicer import EdgeServicer
+from evenflow.server.edge.status import answers_errors
+from evenflow.server.engine.model_config import model_config, model_metadata, model_statistics
+from evenflow.server.engine.model_control import (
     ModelManager,
     ModelState,
     source_from_load_parameters,
 )
-from evenflow.server.served import MODEL_VERSION, ModelTable
-from evenflow.server.status import answers_errors
+from evenflow.server.engine.served import MODEL_VERSION, ModelTable
 
 
 class InferenceServicer(EdgeServicer):

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from evenflow.balancer import EvenflowError, Job, Worker
-from evenflow.server.datatypes import WIRE_TYPES
+from evenflow.server.edge.datatypes import WIRE_TYPES
 from evenflow.server.models.spec import ModelDefinition, Padding, TensorSpec
 
 logger = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ import torch
 from evenflow.client import AsyncClient, ServerOverloadedError
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
-from evenflow.server.app import App
-from evenflow.server.config import ServerConfig
+from evenflow.server.config.server_config import ServerConfig
+from evenflow.server.engine.app import App
 
 TOLERANCE = 1e-4  # batched kernels may round differently from the direct call
 

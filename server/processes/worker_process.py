@@ -1,4 +1,4 @@
-"""A worker process: ``python -m evenflow.server.workers.worker_main ADDRESS``, started by
+"""A worker process: ``python -m evenflow.server.processes.worker_process ADDRESS``, started by
 ``process_host.ProcessWorker``. Reads its WorkerSpec (4-byte length, then msgpack) from stdin,
 builds the replica's worker on its own threads exactly as the thread host would, then serves
 batches and controls from the engine's socket until told to stop or stdin ends (the engine is
@@ -25,10 +25,10 @@ import zmq.asyncio
 
 from evenflow.balancer import Job, Worker
 from evenflow.balancer.errors import DeviceLost
-from evenflow.server.ipc import arrays, child
-from evenflow.server.ipc import worker_messages as msg
-from evenflow.server.ipc.errors import to_wire
-from evenflow.server.logs import configure_logging
+from evenflow.server.observability.logs import configure_logging
+from evenflow.server.processes.ipc import arrays, child
+from evenflow.server.processes.ipc import worker_messages as msg
+from evenflow.server.processes.ipc.errors import to_wire
 from evenflow.server.workers.hosts import WorkerSpec, build_thread_worker, load_spec_definition
 
 logger = logging.getLogger(__name__)

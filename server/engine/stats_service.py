@@ -11,9 +11,9 @@ import grpc
 from evenflow.balancer import DeviceNotFound, InvalidRequest, ModelNotFound, ReplicaSnapshot
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
-from evenflow.server.served import ModelTable
-from evenflow.server.status import answers_errors
-from evenflow.server.telemetry import GpuSample
+from evenflow.server.edge.status import answers_errors
+from evenflow.server.engine.served import ModelTable
+from evenflow.server.observability.telemetry import GpuSample
 
 
 def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:

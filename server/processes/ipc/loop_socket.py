@@ -17,7 +17,7 @@ from typing import Any
 
 import zmq
 
-from evenflow.server.ipc.arrays import YIELD_EVERY
+from evenflow.server.processes.ipc.arrays import YIELD_EVERY
 
 
 class LoopSocket:

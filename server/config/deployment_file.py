@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evenflow.balancer import BalancerConfig, Policy
-from evenflow.server.config import (
+from evenflow.server.config.server_config import (
     DTYPES,
     PARTITIONS,
     WORKER_HOSTS,
@@ -40,7 +40,7 @@ from evenflow.server.config import (
     PipelineConfig,
     ServerConfig,
 )
-from evenflow.server.datatypes import WIRE_TYPES
+from evenflow.server.edge.datatypes import WIRE_TYPES
 from evenflow.server.models.builtin import ENCODER_SIZES
 from evenflow.server.models.exported import EXPORTED_SUFFIX
 from evenflow.server.models.repository import BUILTIN_MODELS, TORCHSCRIPT_SUFFIXES

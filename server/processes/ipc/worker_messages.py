@@ -11,8 +11,8 @@ from typing import Any
 
 import msgspec
 
-from evenflow.server.ipc.arrays import ArrayMeta
-from evenflow.server.ipc.errors import WireError
+from evenflow.server.processes.ipc.arrays import ArrayMeta
+from evenflow.server.processes.ipc.errors import WireError
 
 
 class Status(msgspec.Struct, array_like=True, frozen=True):

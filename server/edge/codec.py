@@ -11,7 +11,7 @@ import numpy as np
 
 from evenflow.balancer.errors import InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.server.datatypes import WIRE_TYPES, WireType
+from evenflow.server.edge.datatypes import WIRE_TYPES, WireType
 from evenflow.server.models.spec import TensorSpec
 
 # Request parameters evenflow acts on, and Triton's that do not change a non-decoupled model's

@@ -27,14 +27,14 @@ from evenflow.balancer.partition import (
     plan_stages_per_device,
 )
 from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.pipeline.layers import (
+from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.pipeline.layers import (
     layer_costs_s,
     layer_memory_bytes,
     placed,
     split_into_layers,
 )
-from evenflow.server.pipeline.stage import MicroBatch, Stage
-from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.pipeline.stage import MicroBatch, Stage
 from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
 from evenflow.server.workers.tracing import example_inputs, trace_checked
 

@@ -17,7 +17,7 @@ import logging
 import ssl
 from collections.abc import Callable
 
-from evenflow.server.security import token_matches
+from evenflow.server.edge.security import token_matches
 
 logger = logging.getLogger(__name__)
 

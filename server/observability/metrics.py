@@ -16,9 +16,9 @@ from prometheus_client.metrics_core import Metric
 
 from evenflow.balancer import ReplicaSnapshot
 from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS
-from evenflow.server.prometheus import MetricFamily, histogram
-from evenflow.server.served import MODEL_VERSION, ServedModel
-from evenflow.server.telemetry import GpuSample
+from evenflow.server.engine.served import MODEL_VERSION, ServedModel
+from evenflow.server.observability.prometheus import MetricFamily, histogram
+from evenflow.server.observability.telemetry import GpuSample
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ from evenflow.balancer.errors import ErrorCode, EvenflowError
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.server import cpu_accounting
-from evenflow.server.config import ModelConfig, ServerConfig
+from evenflow.server.config.server_config import ModelConfig, ServerConfig
+from evenflow.server.engine.served import ModelTable, ServedModel
+from evenflow.server.engine.warmup import warm_up
 from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.served import ModelTable, ServedModel
-from evenflow.server.warmup import warm_up
+from evenflow.server.observability import cpu_accounting
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.hosts import (
     WorkerSpec,

@@ -26,16 +26,16 @@ import numpy as np
 import zmq
 
 from evenflow.balancer import EvenflowError, InvalidRequest, ModelNotFound, ShuttingDown
-from evenflow.server import shapes
-from evenflow.server.datatypes import WIRE_TYPES
-from evenflow.server.ipc import arrays, child
-from evenflow.server.ipc import frontend_messages as msg
-from evenflow.server.ipc.errors import to_wire
-from evenflow.server.ipc.loop_socket import LoopSocket
-from evenflow.server.metrics import FrontendState
-from evenflow.server.proxied_calls import ProxiedCalls
-from evenflow.server.served import ModelTable, ServedModel
-from evenflow.server.status import internal_error
+from evenflow.server.edge import shapes
+from evenflow.server.edge.datatypes import WIRE_TYPES
+from evenflow.server.edge.status import internal_error
+from evenflow.server.engine.proxied_calls import ProxiedCalls
+from evenflow.server.engine.served import ModelTable, ServedModel
+from evenflow.server.observability.metrics import FrontendState
+from evenflow.server.processes.ipc import arrays, child
+from evenflow.server.processes.ipc import frontend_messages as msg
+from evenflow.server.processes.ipc.errors import to_wire
+from evenflow.server.processes.ipc.loop_socket import LoopSocket
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class FrontendPool:
         """Start the front-end's process and wait for its hello (it then serves the port)."""
         frontend.hello = asyncio.get_running_loop().create_future()
         process = await child.spawn(
-            "evenflow.server.frontend_process",
+            "evenflow.server.processes.frontend_process",
             settings=self._settings(frontend.index, self._address, self.port))
         frontend.process = process
         exited = asyncio.ensure_future(process.wait())

@@ -30,10 +30,11 @@ from evenflow.balancer import (
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
-from evenflow.server import codec, cpu_accounting, shapes
-from evenflow.server.decoding import Undecodable, tolerant_deserializer
+from evenflow.server.edge import codec, shapes
+from evenflow.server.edge.decoding import Undecodable, tolerant_deserializer
+from evenflow.server.edge.status import internal_error, status_of, stream_error_message
 from evenflow.server.models.spec import Padding, TensorSpec
-from evenflow.server.status import internal_error, status_of, stream_error_message
+from evenflow.server.observability import cpu_accounting
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""A front-end process (``--frontends N``): ``python -m evenflow.server.frontend_process``,
-started by the engine's FrontendPool, settings on stdin (4-byte length, then msgpack).
+"""A front-end process (``--frontends N``):
+``python -m evenflow.server.processes.frontend_process``, started by the engine's FrontendPool,
+settings on stdin (4-byte length, then msgpack).
 
 It serves the gRPC port beside the other front-ends (SO_REUSEPORT, its own listening socket),
 decodes and validates inference requests against the model specs the engine sends, hands them
@@ -33,22 +34,22 @@ from evenflow.balancer import EvenflowError, ShuttingDown
 from evenflow.balancer.stats import CpuParts
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.server.closing import close_port
-from evenflow.server.edge import (
+from evenflow.server.edge.closing import close_port
+from evenflow.server.edge.security import TlsFiles, TokenInterceptor, load_token
+from evenflow.server.edge.servicer import (
     EdgeServicer,
     InferTarget,
     add_inference_service,
     add_support_services,
     forward_service,
 )
-from evenflow.server.frontend_pool import FrontendSettings
-from evenflow.server.ipc import arrays, child
-from evenflow.server.ipc import frontend_messages as msg
-from evenflow.server.ipc.errors import from_wire
-from evenflow.server.logs import configure_logging
-from evenflow.server.security import TlsFiles, TokenInterceptor, load_token
-from evenflow.server.served import find_model
-from evenflow.server.status import status_from_value, status_of
+from evenflow.server.edge.status import status_from_value, status_of
+from evenflow.server.engine.served import find_model
+from evenflow.server.observability.logs import configure_logging
+from evenflow.server.processes.frontend_pool import FrontendSettings
+from evenflow.server.processes.ipc import arrays, child
+from evenflow.server.processes.ipc import frontend_messages as msg
+from evenflow.server.processes.ipc.errors import from_wire
 
 logger = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""What evenflow shows about itself: metrics, telemetry, logs, CPU accounting."""

@@ -1,0 +1,1 @@
+"""evenflow's child processes (front-ends, worker processes) and what crosses between them (IPC)."""
