@@ -11,7 +11,7 @@ from evenflow.server.config.server_config import ServerConfig
 from evenflow.server.engine.app import App
 from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import SimProfile
-from tests.conftest import server_mode_settings
+from tests.servers import server_mode_settings
 
 
 @contextlib.asynccontextmanager

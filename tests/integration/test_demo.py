@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import TESTS_DIR
+from tests.servers import TESTS_DIR
 
 pytestmark = pytest.mark.timeout(120)
 

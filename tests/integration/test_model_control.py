@@ -16,7 +16,7 @@ from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.engine.app import App
 from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import SimProfile
-from tests.conftest import TESTS_DIR
+from tests.servers import TESTS_DIR
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,8 +24,8 @@ from evenflow.client import (
     ServerUnavailableError,
 )
 from tests.certs import Pki, make_pki
-from tests.conftest import TESTS_DIR
 from tests.integration.test_subprocess import perf_analyzer_command
+from tests.servers import TESTS_DIR
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "s3cret-token-for-tests-0123456789"

@@ -17,8 +17,8 @@ import pytest
 
 from evenflow.client import AsyncClient, Client
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
-from tests.conftest import TESTS_DIR
 from tests.integration.test_infer import mlp_reference
+from tests.servers import TESTS_DIR
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("server_mode")]
 

@@ -1,0 +1,94 @@
+"""Real evenflow servers for integration tests: the process models a test module runs in
+(``SERVER_MODES``) and ``evenflow serve`` started as a subprocess on port 0."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.harness import wait_for_line
+
+TESTS_DIR = Path(__file__).resolve().parent
+
+# The process models the integration suite runs in (``server_mode``): CLI flags and the
+# matching ServerConfig fields.
+SERVER_MODES: dict[str, dict[str, object]] = {
+    "single": {},
+    "frontends": {"frontends": 2},
+    "process-workers": {"workers": "process"},
+    "frontends+process-workers": {"frontends": 2, "workers": "process"},
+}
+# The mode the current test module runs in; the ``server_mode`` fixture switches it.
+_mode = ["single"]
+
+
+@contextlib.contextmanager
+def serving_in(mode: str) -> Iterator[str]:
+    """Servers started meanwhile (``start_server``, ``running_app``) run in ``mode``."""
+    if mode not in SERVER_MODES:
+        raise ValueError(f"unknown server mode {mode!r}; expected one of {list(SERVER_MODES)}")
+    _mode[0] = mode
+    try:
+        yield mode
+    finally:
+        _mode[0] = "single"
+
+
+def server_mode_settings() -> dict[str, object]:
+    """The ServerConfig fields of the mode the current test runs in."""
+    return dict(SERVER_MODES[_mode[0]])
+
+
+def server_mode_args() -> list[str]:
+    """The same as CLI flags."""
+    return [arg for key, value in server_mode_settings().items()
+            for arg in (f"--{key}", str(value))]
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen[str]
+    url: str
+    log_path: Path
+    banner: tuple[str, ...] = ()  # what the server printed before its address line
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            if self.proc.stdout is not None:
+                self.proc.stdout.close()
+
+
+def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -> ServerProcess:
+    """Start ``evenflow serve --port 0 ARGS`` and wait for the line with its bound address."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")) if p))
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "evenflow.server.config.cli", "serve", "--port", "0", *args,
+         *server_mode_args()],
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    log.close()
+    assert proc.stdout is not None
+    line, banner = wait_for_line(proc, "evenflow listening on ", timeout_s)
+    if line is not None:
+        return ServerProcess(proc, line.split()[-1], log_path, tuple(banner))
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"server did not start: {log_path.read_text()[-3000:]}")
