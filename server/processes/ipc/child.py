@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Sequence
 from typing import TypeVar
 
 import msgspec
@@ -18,8 +19,16 @@ T = TypeVar("T")
 
 async def spawn(module: str, *args: str, settings: object) -> asyncio.subprocess.Process:
     """Start ``python -m module args`` with ``settings`` on its stdin (kept open)."""
-    process = await asyncio.create_subprocess_exec(sys.executable, "-m", module, *args,
-                                                   stdin=asyncio.subprocess.PIPE)
+    return await spawn_python(["-m", module, *args], settings=settings)
+
+
+async def spawn_python(python_args: Sequence[str], *, settings: object,
+                       stderr: int | None = None) -> asyncio.subprocess.Process:
+    """Start this interpreter with ``python_args`` and ``settings`` on its stdin (kept open);
+    ``stderr``: a file descriptor for its stderr (default: this process's)."""
+    process = await asyncio.create_subprocess_exec(sys.executable, *python_args,
+                                                   stdin=asyncio.subprocess.PIPE,
+                                                   stderr=stderr)
     assert process.stdin is not None
     encoded = msgspec.msgpack.encode(settings)
     process.stdin.write(len(encoded).to_bytes(4, "little") + encoded)
