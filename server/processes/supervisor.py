@@ -16,7 +16,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from evenflow.server.processes.ipc import child
 
@@ -125,8 +125,9 @@ class Child:
         exits first, or ``timeout_s`` passes, it is killed and ``ChildNotReady`` says which,
         with the exit code and the end of its stderr."""
         exited = asyncio.ensure_future(self.process.wait())
+        waits: set[asyncio.Future[Any]] = {ready, exited}
         try:
-            done, _ = await asyncio.wait({ready, exited}, timeout=timeout_s,
+            done, _ = await asyncio.wait(waits, timeout=timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
         finally:
             exited.cancel()
