@@ -29,7 +29,8 @@ from evenflow.server.observability.logs import configure_logging
 from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import worker_messages as msg
 from evenflow.server.processes.ipc.errors import to_wire
-from evenflow.server.workers.hosts import WorkerSpec, build_thread_worker, load_spec_definition
+from evenflow.server.workers.thread_host import build_thread_worker, load_spec_definition
+from evenflow.server.workers.worker_spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import worker_messages as msg
 from evenflow.server.processes.ipc.errors import from_wire
 from evenflow.server.processes.ipc.loop_socket import LoopSocket
-from evenflow.server.workers.hosts import HostedWorker, WorkerSpec
+from evenflow.server.workers.hosted import HostedWorker
+from evenflow.server.workers.worker_spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 

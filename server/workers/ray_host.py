@@ -37,12 +37,7 @@ from evenflow.balancer.errors import BatchFailed, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
 from evenflow.server.processes.ipc import arrays
 from evenflow.server.processes.ipc.errors import WireError, from_wire, to_wire
-from evenflow.server.workers.hosts import (
-    HostedWorker,
-    WorkerSpec,
-    build_thread_worker,
-    load_spec_definition,
-)
+from evenflow.server.workers.hosted import HostedWorker
 from evenflow.server.workers.ray_resources import (
     SIM_RESOURCE,
     ActorResources,
@@ -51,6 +46,8 @@ from evenflow.server.workers.ray_resources import (
     actor_resources,
     placement_report,
 )
+from evenflow.server.workers.thread_host import build_thread_worker, load_spec_definition
+from evenflow.server.workers.worker_spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
