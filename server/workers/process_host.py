@@ -31,6 +31,7 @@ from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import worker_messages as msg
 from evenflow.server.processes.ipc.errors import from_wire
 from evenflow.server.processes.ipc.loop_socket import LoopSocket
+from evenflow.server.workers.batch_rows import join_rows, split_rows
 from evenflow.server.workers.hosted import HostedWorker
 from evenflow.server.workers.worker_spec import WorkerSpec
 
@@ -112,7 +113,7 @@ class ProcessWorker(HostedWorker):
             raise WorkerLost(f"worker {self._name}: its process is not running")
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
-        arrays.pack(arrays.join_jobs([job.payload for job in jobs]), metas, frames)
+        arrays.pack(join_rows([job.payload for job in jobs]), metas, frames)
         batch_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[batch_id] = future
@@ -221,5 +222,5 @@ def _status(status: msg.Status) -> WorkerStatus:
 
 def _result(done: msg.BatchDone, sizes: list[int], frames: list[bytes]) -> BatchResult:
     outputs = arrays.unpack(done.arrays, frames)
-    return BatchResult(arrays.split_rows(outputs, sizes), BatchTiming(*done.timing_s),
+    return BatchResult(split_rows(outputs, sizes), BatchTiming(*done.timing_s),
                        BatchTiming(*done.cpu_s) if done.cpu_s is not None else None)

@@ -35,8 +35,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from evenflow.balancer.errors import BatchFailed, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
-from evenflow.server.processes.ipc import arrays
 from evenflow.server.processes.ipc.errors import WireError, from_wire, to_wire
+from evenflow.server.workers.batch_rows import join_rows, split_rows
 from evenflow.server.workers.hosted import HostedWorker
 from evenflow.server.workers.ray_resources import (
     SIM_RESOURCE,
@@ -280,7 +280,7 @@ class RayWorker(HostedWorker):
         if actor is None:
             raise WorkerLost(f"worker {self._name}: no actor")
         sizes = [job.num_samples for job in jobs]
-        inputs = arrays.join_jobs([job.payload for job in jobs])
+        inputs = join_rows([job.payload for job in jobs])
         try:
             reply = await _await(actor.run.remote(sizes, inputs))
         except _LOST as exc:
@@ -290,7 +290,7 @@ class RayWorker(HostedWorker):
             raise from_wire(WireError(reply[1], reply[2]))
         _, outputs, timing_s, cpu_s, stages, repartitions = reply
         self._status = WorkerStatus(tuple(stages), repartitions, self._status.location)
-        return BatchResult(arrays.split_rows(outputs, sizes), BatchTiming(*timing_s),
+        return BatchResult(split_rows(outputs, sizes), BatchTiming(*timing_s),
                            BatchTiming(*cpu_s) if cpu_s is not None else None)
 
     async def _control(self, op: str, device: str, value: float = 0.0, fault: str = "",

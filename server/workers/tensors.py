@@ -1,4 +1,5 @@
-"""Moving a batch between numpy (the wire side) and torch (the device side)."""
+"""Moving a batch between numpy (the wire side) and torch (the device side); joining and
+splitting its rows is ``batch_rows``'s."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 from evenflow.balancer.errors import BatchFailed
 from evenflow.balancer.job import Job
 from evenflow.server.models.spec import TensorSpec
+from evenflow.server.workers.batch_rows import join_rows, split_rows
 
 _FLOAT_WIRE = {"FP32": torch.float32, "FP16": torch.float16, "FP64": torch.float64}
 
@@ -18,8 +20,9 @@ _FLOAT_WIRE = {"FP32": torch.float32, "FP16": torch.float16, "FP64": torch.float
 def batch_inputs(jobs: Sequence[Job], specs: Sequence[TensorSpec], device: torch.device,
                  float_dtype: torch.dtype) -> list[torch.Tensor]:
     """The jobs' inputs concatenated along the batch dimension, on ``device``."""
-    return [to_device(_concat([job.payload[i] for job in jobs]), spec.datatype, device,
-                      float_dtype) for i, spec in enumerate(specs)]
+    joined = join_rows([job.payload for job in jobs], writable=True)
+    return [to_device(array, spec.datatype, device, float_dtype)
+            for array, spec in zip(joined, specs, strict=False)]
 
 
 def to_device(array: np.ndarray, datatype: str, device: torch.device,
@@ -62,22 +65,5 @@ def outputs_per_job(raw: Any, specs: Sequence[TensorSpec],
                     jobs: Sequence[Job]) -> list[list[np.ndarray]]:
     outputs = [to_host(t, spec.datatype)
                for t, spec in zip(order_outputs(raw, specs), specs, strict=True)]
-    return _split(outputs, [job.num_samples for job in jobs])
+    return split_rows(outputs, [job.num_samples for job in jobs])
 
-
-def _concat(arrays: list[np.ndarray]) -> np.ndarray:
-    # Always a fresh, writable array: decoded inputs are read-only views of the request bytes.
-    return np.concatenate(arrays) if len(arrays) > 1 else arrays[0].copy()
-
-
-def _split(outputs: list[np.ndarray], sizes: list[int]) -> list[list[np.ndarray]]:
-    """Each job's rows of each output, as views (slicing: np.split costs several times more)."""
-    if len(sizes) == 1:
-        return [outputs]
-    per_job = []
-    start = 0
-    for size in sizes:
-        end = start + size
-        per_job.append([array[start:end] for array in outputs])
-        start = end
-    return per_job

@@ -44,25 +44,6 @@ def pack(arrays: Sequence[np.ndarray], metas: list[ArrayMeta], frames: list[obje
         frames.append(dense.data.cast("B"))
 
 
-def join_jobs(payloads: Sequence[Sequence[np.ndarray]]) -> list[np.ndarray]:
-    """Each input of a whole batch, the jobs' rows one after another (jobs in a batch share
-    their non-batch shapes): one array per input crosses, not one per job and input."""
-    if len(payloads) == 1:
-        return list(payloads[0])
-    return [np.concatenate([payload[i] for payload in payloads])
-            for i in range(len(payloads[0]))]
-
-
-def split_rows(outputs: Sequence[np.ndarray], sizes: Sequence[int]) -> list[list[np.ndarray]]:
-    """A whole batch's outputs cut into each job's rows, as views."""
-    per_job = []
-    start = 0
-    for size in sizes:
-        per_job.append([output[start:start + size] for output in outputs])
-        start += size
-    return per_job
-
-
 def unpack(metas: Sequence[ArrayMeta], frames: Sequence[bytes | memoryview]) -> list[np.ndarray]:
     """The arrays back, as read-only views of the frames or the inline bytes (no copy)."""
     arrays = []
