@@ -11,144 +11,132 @@ on that context again, and the engine's restart starts a process with a fresh on
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from typing import Any
 
+import msgspec
 import zmq
-import zmq.asyncio
 
-from evenflow.balancer import Job, Worker
-from evenflow.balancer.errors import DeviceLost
 from evenflow.server.observability.logs import configure_logging
 from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import worker_messages as msg
 from evenflow.server.processes.ipc.errors import to_wire
+from evenflow.server.processes.ipc.loop_socket import LoopSocket
+from evenflow.server.workers.endpoint import WorkerEndpoint
 from evenflow.server.workers.thread_host import build_thread_worker, load_spec_definition
 from evenflow.server.workers.worker_spec import WorkerSpec
 
 logger = logging.getLogger(__name__)
 
 DEVICE_LOST_EXIT_CODE = 3
-
-
-def _status(worker: Worker) -> msg.Status:
-    status = worker.status()
-    return msg.Status([dict(stage) for stage in status.stages], status.num_repartitions)
+# How long the socket may still deliver the last answers (a DeviceLost) once the process ends.
+_LINGER_MS = 1000
 
 
 class _Server:
-    def __init__(self, worker: Worker, socket: zmq.asyncio.Socket) -> None:
-        self._worker = worker
-        self._socket = socket
+    """Serves the engine's socket: each batch and each control runs as a task of its own
+    (controls while a batch runs), answered through the endpoint. ``Stop``, the engine's death
+    or a lost device ends ``serve``."""
+
+    def __init__(self, endpoint: WorkerEndpoint, socket: zmq.Socket[bytes],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._endpoint = endpoint
         self._tasks: set[asyncio.Task[None]] = set()
+        self.stopped = asyncio.Event()
         self.device_lost = asyncio.Event()
+        self._socket = LoopSocket(socket, loop, self._receive)
+
+    def send_ready(self) -> None:
+        self._socket.send([msg.encoder.encode(self._endpoint.ready())])
 
     async def serve(self, engine_gone: asyncio.Event) -> None:
-        receiving = asyncio.create_task(self._receive())
-        gone = asyncio.create_task(engine_gone.wait())
-        lost = asyncio.create_task(self.device_lost.wait())
+        waits = [asyncio.create_task(event.wait())
+                 for event in (self.stopped, engine_gone, self.device_lost)]
         try:
-            await asyncio.wait({receiving, gone, lost}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (receiving, gone, lost):
-                task.cancel()
-            await asyncio.gather(receiving, gone, lost, return_exceptions=True)
+            for wait in waits:
+                wait.cancel()
+            await asyncio.gather(*waits, return_exceptions=True)
+            self.stopped.set()  # what arrives from now on is not taken
+            name = self._endpoint.worker.name
             if self.device_lost.is_set():
-                logger.error("worker %s: the device is lost; exiting", self._worker.name)
+                logger.error("worker %s: the device is lost; exiting", name)
             if engine_gone.is_set():
-                logger.warning("worker %s: the engine is gone; exiting", self._worker.name)
+                logger.warning("worker %s: the engine is gone; exiting", name)
                 for task in self._tasks:
                     task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _receive(self) -> None:
-        loop = asyncio.get_running_loop()
-        for count in itertools.count(1):
-            if count % arrays.YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            parts = await self._socket.recv_multipart()
-            message = msg.to_worker.decode(parts[0])
-            if isinstance(message, msg.Stop):
-                return
-            work = (self._run(message, parts[1:], loop) if isinstance(message, msg.RunBatch)
-                    else self._control(message))
-            task = asyncio.create_task(work)
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+    async def close(self) -> None:
+        await self._endpoint.close()
+        self._socket.close(linger_ms=_LINGER_MS)
 
-    async def _run(self, batch: msg.RunBatch, frames: list[bytes],
-                   loop: asyncio.AbstractEventLoop) -> None:
-        # The engine sent the batch's inputs whole: one job of all its rows, whose outputs go
-        # back whole too (the engine cuts them per request).
-        jobs = [Job(payload=arrays.unpack(batch.arrays, frames), num_samples=sum(batch.sizes),
-                    arrival_s=0.0, deadline_s=math.inf, future=loop.create_future())]
-        try:
-            result = await self._worker.run(jobs)
-        except Exception as exc:
-            await self._socket.send_multipart([msg.encoder.encode(
-                msg.BatchError(batch.id, to_wire(exc)))])
-            if isinstance(exc, DeviceLost):
+    def _receive(self, parts: list[bytes]) -> None:
+        if self.stopped.is_set():
+            return
+        message = msg.to_worker.decode(parts[0])
+        if isinstance(message, msg.Stop):
+            self.stopped.set()
+            return
+        work: Coroutine[Any, Any, None] = (
+            self._run(message, parts[1:]) if isinstance(message, msg.RunBatch)
+            else self._control(message))
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, batch: msg.RunBatch, frames: list[bytes]) -> None:
+        reply, outputs = await self._endpoint.run_batch(batch,
+                                                        arrays.unpack(batch.arrays, frames))
+        if isinstance(reply, msg.BatchError):
+            self._socket.send([msg.encoder.encode(reply)])
+            if self._endpoint.device_lost:
                 self.device_lost.set()
             return
         metas: list[arrays.ArrayMeta] = []
         out_frames: list[object] = []
-        arrays.pack(result.outputs[0], metas, out_frames)
-        timing, cpu = result.timing, result.cpu
-        header = msg.encoder.encode(msg.BatchDone(
-            id=batch.id, timing_s=(timing.copy_in_s, timing.compute_s, timing.copy_out_s),
-            cpu_s=(cpu.copy_in_s, cpu.compute_s, cpu.copy_out_s) if cpu is not None else None,
-            arrays=metas, status=_status(self._worker)))
-        await self._socket.send_multipart([header, *out_frames],
-                                          copy=not arrays.by_reference(out_frames))
+        arrays.pack(outputs, metas, out_frames)
+        header = msg.encoder.encode(msgspec.structs.replace(reply, arrays=metas))
+        self._socket.send([header, *out_frames], arrays.by_reference(out_frames))
 
     async def _control(self, control: msg.Control) -> None:
-        done: msg.ControlDone
-        try:
-            if control.op == "speed":
-                value = await self._worker.set_device_speed(control.device, control.value)
-                done = msg.ControlDone(control.id, value)
-            elif control.op == "fault":
-                await self._worker.set_device_fault(control.device, control.fault, control.count)
-                done = msg.ControlDone(control.id)
-            else:
-                raise ValueError(f"unknown control {control.op!r}")
-        except Exception as exc:
-            done = msg.ControlDone(control.id, error=to_wire(exc))
-        await self._socket.send_multipart([msg.encoder.encode(done)])
+        self._socket.send([msg.encoder.encode(await self._endpoint.control(control))])
+
+
+def _ignore(parts: list[bytes]) -> None:
+    """A worker that could not start takes nothing from the engine."""
 
 
 async def _main(spec: WorkerSpec, address: str) -> int:
     """Serve until stopped; the process's exit code."""
-    socket = zmq.asyncio.Context.instance().socket(zmq.PAIR)
-    socket.setsockopt(zmq.LINGER, 1000)
-    socket.connect(address)
-    engine_gone = child.watch_parent(asyncio.get_running_loop())
+    socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.PAIR)
+    socket.connect(address)  # connecting meanwhile: what is sent before it is up is queued
+    loop = asyncio.get_running_loop()
+    engine_gone = child.watch_parent(loop)
     started_s = time.perf_counter()
     try:
         worker = await asyncio.to_thread(
             lambda: build_thread_worker(spec, load_spec_definition(spec)))
     except Exception as exc:
         logger.exception("worker %s: could not start", spec.name)
-        await socket.send_multipart([msg.encoder.encode(msg.StartFailed(to_wire(exc)))])
-        socket.close()
+        failed = LoopSocket(socket, loop, _ignore)
+        failed.send([msg.encoder.encode(msg.StartFailed(to_wire(exc)))])
+        failed.close(linger_ms=_LINGER_MS)
         return 0
+    server = _Server(WorkerEndpoint(worker), socket, loop)
     try:
-        await socket.send_multipart([msg.encoder.encode(msg.Ready(
-            name=worker.name, devices=list(worker.devices), max_in_flight=worker.max_in_flight,
-            status=_status(worker)))])
+        server.send_ready()
         logger.info("worker %s: process %d ready in %.1f s", worker.name, os.getpid(),
                     time.perf_counter() - started_s)
-        server = _Server(worker, socket)
         await server.serve(engine_gone)
     finally:
-        await worker.close()
-        socket.close()  # lingers until the last answer (a DeviceLost) is sent
+        await server.close()  # lingers until the last answer (a DeviceLost) is sent
     return DEVICE_LOST_EXIT_CODE if server.device_lost.is_set() else 0
 
 

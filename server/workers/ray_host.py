@@ -2,9 +2,11 @@
 to the balancer it is a Worker like any other (its call overhead shows up in the latency it
 measures). Needs the ``ray`` extra.
 
-A batch crosses once each way, as one actor call: each input of the whole batch as one numpy
-array (Ray's object store; zero-copy reads on the same node), each output of the whole batch
-back, cut per request here. Errors come back as values (``ipc.errors``); an actor that dies
+A batch crosses once each way, as one actor call carrying the worker process's messages
+(``ipc.worker_messages``, encoded; the actor answers them through the same ``endpoint``): the
+``RunBatch`` with each input of the whole batch beside it as one numpy array (Ray's object
+store; zero-copy reads on the same node), the reply with each output of the whole batch, cut
+per request here. Errors come back as values (``ipc.errors``); an actor that dies
 (its node lost, its process killed) fails the call with Ray's actor errors, which become
 ``WorkerLost``: the replica re-runs the batch elsewhere and ``restart`` places a new actor.
 What each actor asks for is ``ray_resources.actor_resources``: a share of one GPU for a
@@ -21,9 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
-from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -34,10 +34,9 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from evenflow.balancer.errors import BatchFailed, WorkerLost
-from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
-from evenflow.server.processes.ipc.errors import WireError, from_wire, to_wire
-from evenflow.server.workers.batch_rows import join_rows, split_rows
-from evenflow.server.workers.hosted import HostedWorker
+from evenflow.server.processes.ipc import worker_messages as msg
+from evenflow.server.workers.endpoint import WorkerEndpoint
+from evenflow.server.workers.hosted import BatchReply, HostedWorker, worker_status
 from evenflow.server.workers.ray_resources import (
     SIM_RESOURCE,
     ActorResources,
@@ -127,56 +126,45 @@ _pins = _GpuPins()
 
 class ReplicaActor:
     """Runs in a Ray worker process: builds the replica's worker exactly as the thread host
-    does and serves batches (async actor: controls run while a batch does)."""
+    does and answers through the same endpoint as a worker process (async actor: controls run
+    while a batch does). Requests and replies are ``ipc.worker_messages`` structs, msgpack-
+    encoded; a batch's arrays travel beside them through Ray's object store."""
 
     def __init__(self, spec_bytes: bytes) -> None:
         # Nothing slow here: the first call answering tells the server the actor was placed.
         self._spec = msgspec.msgpack.decode(spec_bytes, type=WorkerSpec)
         self._node = ray.get_runtime_context().get_node_id()
-        self._worker: Any = None
+        self._endpoint: WorkerEndpoint | None = None
 
     def node(self) -> str:
         return self._node
 
-    def build(self) -> tuple[str, list[dict[str, Any]], int]:
+    def build(self) -> bytes:
+        """Build the worker; its ``Ready``, encoded."""
         spec = dataclasses.replace(self._spec, devices=actor_devices(self._spec.devices))
-        self._worker = build_thread_worker(spec, load_spec_definition(spec))
-        return self.describe()
+        self._endpoint = WorkerEndpoint(build_thread_worker(spec, load_spec_definition(spec)))
+        return msg.encoder.encode(self._endpoint.ready())
 
-    def describe(self) -> tuple[str, list[dict[str, Any]], int]:
-        status = self._worker.status()
-        return self._node, [dict(s) for s in status.stages], status.num_repartitions
+    def _built(self) -> WorkerEndpoint:
+        if self._endpoint is None:
+            raise RuntimeError("the actor's worker is not built")
+        return self._endpoint
 
-    async def run(self, sizes: list[int], inputs: list[np.ndarray]) -> tuple[Any, ...]:
-        loop = asyncio.get_running_loop()
-        job = Job(payload=inputs, num_samples=sum(sizes), arrival_s=0.0, deadline_s=math.inf,
-                  future=loop.create_future())
-        try:
-            result = await self._worker.run([job])
-        except Exception as exc:
-            wire = to_wire(exc)
-            return ("error", wire.kind, wire.message)
-        timing, cpu = result.timing, result.cpu
-        status = self._worker.status()
-        return ("ok", list(result.outputs[0]),
-                (timing.copy_in_s, timing.compute_s, timing.copy_out_s),
-                (cpu.copy_in_s, cpu.compute_s, cpu.copy_out_s) if cpu is not None else None,
-                [dict(s) for s in status.stages], status.num_repartitions)
+    async def run(self, request: bytes, inputs: list[np.ndarray]
+                  ) -> tuple[bytes, list[np.ndarray]]:
+        """A ``RunBatch``'s encoded reply, and the batch's outputs."""
+        batch = msgspec.msgpack.decode(request, type=msg.RunBatch)
+        reply, outputs = await self._built().run_batch(batch, inputs)
+        return msg.encoder.encode(reply), outputs
 
-    async def control(self, op: str, device: str, value: float, fault: str,
-                      count: int) -> tuple[str, float, str]:
-        try:
-            if op == "speed":
-                return ("ok", await self._worker.set_device_speed(device, value), "")
-            await self._worker.set_device_fault(device, fault, count)
-            return ("ok", 0.0, "")
-        except Exception as exc:
-            wire = to_wire(exc)
-            return (wire.kind, 0.0, wire.message)
+    async def control(self, request: bytes) -> bytes:
+        """A ``Control``'s encoded ``ControlDone``."""
+        control = msgspec.msgpack.decode(request, type=msg.Control)
+        return msg.encoder.encode(await self._built().control(control))
 
     async def close(self) -> None:
-        if self._worker is not None:
-            await self._worker.close()
+        if self._endpoint is not None:
+            await self._endpoint.close()
 
 
 _actor_class: list[Any] = []
@@ -234,13 +222,13 @@ class RayWorker(HostedWorker):
         actor = _remote_class().options(**options).remote(self._spec_bytes)
         self._actor = actor
         try:
-            await self._placed(actor.node.remote(), wants.asks(), what)
-            node, stages, repartitions = await asyncio.wait_for(
-                _await(actor.build.remote()), _START_TIMEOUT_S)
+            node = await self._placed(actor.node.remote(), wants.asks(), what)
+            ready = msgspec.msgpack.decode(await asyncio.wait_for(
+                _await(actor.build.remote()), _START_TIMEOUT_S), type=msg.Ready)
         except BaseException:
             await self._kill()
             raise
-        self._status = WorkerStatus(tuple(stages), repartitions, f"node {node[:12]}")
+        self._status = worker_status(ready.status, f"node {node[:12]}")
         logger.info("worker %s: Ray actor on node %s", self._name, node[:12])
 
     def _check_open(self) -> None:
@@ -273,46 +261,28 @@ class RayWorker(HostedWorker):
         finally:
             placed.cancel()
 
-    async def run(self, jobs: Sequence[Job]) -> BatchResult:
-        if self._closed:
-            raise BatchFailed(f"worker {self._name} is closed")
-        actor = self._actor
-        if actor is None:
+    def _running_actor(self) -> Any:
+        if self._actor is None:
             raise WorkerLost(f"worker {self._name}: no actor")
-        sizes = [job.num_samples for job in jobs]
-        inputs = join_rows([job.payload for job in jobs])
+        return self._actor
+
+    async def _exchange(self, sizes: list[int], inputs: list[np.ndarray]
+                        ) -> tuple[BatchReply, list[np.ndarray]]:
+        request = msg.encoder.encode(msg.RunBatch(id=0, sizes=sizes, arrays=[]))
         try:
-            reply = await _await(actor.run.remote(sizes, inputs))
+            reply, outputs = await _await(self._running_actor().run.remote(request, inputs))
         except _LOST as exc:
             raise WorkerLost(f"worker {self._name}: its Ray actor is gone "
                              f"({type(exc).__name__})") from exc
-        if reply[0] == "error":
-            raise from_wire(WireError(reply[1], reply[2]))
-        _, outputs, timing_s, cpu_s, stages, repartitions = reply
-        self._status = WorkerStatus(tuple(stages), repartitions, self._status.location)
-        return BatchResult(split_rows(outputs, sizes), BatchTiming(*timing_s),
-                           BatchTiming(*cpu_s) if cpu_s is not None else None)
+        return msgspec.msgpack.decode(reply, type=BatchReply), outputs
 
-    async def _control(self, op: str, device: str, value: float = 0.0, fault: str = "",
-                       count: int = 0) -> float:
-        if device not in self._devices:
-            raise KeyError(device)
-        if self._actor is None:
-            raise WorkerLost(f"worker {self._name}: no actor")
+    async def _send_control(self, request: msg.Control) -> msg.ControlDone:
         try:
-            kind, result, message = await _await(
-                self._actor.control.remote(op, device, value, fault, count))
+            done = await _await(self._running_actor().control.remote(
+                msg.encoder.encode(request)))
         except _LOST as exc:
             raise WorkerLost(f"worker {self._name}: its Ray actor is gone") from exc
-        if kind != "ok":
-            raise from_wire(WireError(kind, message))
-        return float(result)
-
-    async def set_device_speed(self, device: str, speed: float) -> float:
-        return await self._control("speed", device, value=speed)
-
-    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
-        await self._control("fault", device, fault=fault, count=count)
+        return msgspec.msgpack.decode(done, type=msg.ControlDone)
 
     async def close(self) -> None:
         if not self._close_once():

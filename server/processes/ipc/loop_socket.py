@@ -51,7 +51,9 @@ class LoopSocket:
             self._on_message(socket.recv_multipart(zmq.NOBLOCK))
         self._schedule_check()  # more may be waiting: after the others' turn
 
-    def close(self) -> None:
+    def close(self, linger_ms: int = 0) -> None:
+        """Stop reading and close; ``linger_ms``: how long ZeroMQ may still try to deliver what
+        was sent (a process that answers, then exits). Idempotent."""
         if not self._socket.closed:
             self._loop.remove_reader(self._fd)
-            self._socket.close(linger=0)
+            self._socket.close(linger=linger_ms)

@@ -1,9 +1,12 @@
-"""The messages between the engine and a worker process, over one ZeroMQ PAIR socket.
+"""The messages between the engine and an out-of-process worker: a worker process, over one
+ZeroMQ PAIR socket, or a Ray actor, as its calls' arguments and results. Either way the worker
+side answers them with ``workers.endpoint``.
 
-Each message is a multipart: the first frame a msgspec/msgpack-encoded struct below, then one
-raw frame per array it describes (``ArrayMeta``; small ones travel inline). A batch crosses
-once: ``RunBatch`` carries each input of the whole batch (the jobs' rows one after another,
-``sizes`` saying how many each), ``BatchDone`` each output of the whole batch."""
+Over ZeroMQ each message is a multipart: the first frame a msgspec/msgpack-encoded struct
+below, then one raw frame per array it describes (``ArrayMeta``; small ones travel inline).
+Over Ray the arrays travel beside the encoded struct as numpy arrays (``arrays`` is empty). A
+batch crosses once: ``RunBatch`` carries each input of the whole batch (the jobs' rows one
+after another, ``sizes`` saying how many each), ``BatchDone`` each output of the whole batch."""
 
 from __future__ import annotations
 
