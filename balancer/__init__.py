@@ -1,11 +1,13 @@
 """Scheduling policy and mechanism: admission, routing, batching, batch-size control, latency
 estimation. Imports neither grpc nor torch; drives workers through ``Worker``."""
 
-from evenflow.balancer.balancer import BalancerConfig, ModelBalancer
+from evenflow.balancer.balancer import ModelBalancer
+from evenflow.balancer.config import BalancerConfig
 from evenflow.balancer.controller import BatchSizeController, best_batch_size
 from evenflow.balancer.errors import (
     BatchFailed,
     DeadlineExceeded,
+    DeviceLost,
     DeviceNotFound,
     ErrorCode,
     EvenflowError,
@@ -28,13 +30,14 @@ from evenflow.balancer.job import (
 )
 from evenflow.balancer.policies import Policy, ReplicaLoad
 from evenflow.balancer.stats import BalancerSnapshot, ReplicaSnapshot
+from evenflow.balancer.timebase import LoopTime, TimeSource
 
 __all__ = [
     "BalancerConfig", "BalancerSnapshot", "BatchFailed", "BatchResult", "BatchSizeController",
-    "BatchTiming", "Clock", "DeadlineExceeded", "DeviceNotFound", "ErrorCode", "EvenflowError",
-    "InvalidRequest",
-    "Job", "LatencyFit", "LatencyModel", "ModelBalancer", "ModelNotFound", "OutOfMemory",
-    "Overloaded", "Policy", "ReplicaLoad", "ReplicaSnapshot", "ShuttingDown",
-    "SingleDeviceWorker", "Worker", "WorkerLost", "WorkerStatus",
+    "BatchTiming", "Clock", "DeadlineExceeded", "DeviceLost", "DeviceNotFound", "ErrorCode",
+    "EvenflowError", "InvalidRequest", "Job", "LatencyFit", "LatencyModel", "LoopTime",
+    "ModelBalancer", "ModelNotFound", "OutOfMemory", "Overloaded", "Policy", "ReplicaLoad",
+    "ReplicaSnapshot", "ShuttingDown", "SingleDeviceWorker", "TimeSource", "Worker",
+    "WorkerLost", "WorkerStatus",
     "best_batch_size",
 ]

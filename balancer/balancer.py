@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import math
 import random
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from evenflow.balancer.controller import BatchSizeController
+from evenflow.balancer.config import BalancerConfig
 from evenflow.balancer.errors import (
     DeadlineExceeded,
     InvalidRequest,
@@ -19,135 +19,41 @@ from evenflow.balancer.errors import (
     ShuttingDown,
     WorkerLost,
 )
-from evenflow.balancer.estimator import LatencyModel
 from evenflow.balancer.job import Clock, Job, Worker
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.replica import Replica
-from evenflow.balancer.stats import BalancerSnapshot, ModelCounters
+from evenflow.balancer.stats import BalancerSnapshot, CpuParts, ModelCounters
+from evenflow.balancer.timebase import TimeSource, as_time_source
 
-
-@dataclass(frozen=True, slots=True)
-class BalancerConfig:
-    """How one model's requests are admitted, routed and batched.
-
-    Attributes:
-        policy: how a request picks a replica (``least-work``; the others are baselines).
-        adaptive_batching: size batches from the latency model (else always ``max_batch``).
-        max_batch: largest batch a replica runs, and the largest request admitted.
-        max_wait_s: longest a request waits for its batch to fill before the batch runs anyway.
-        latency_target_s: per-request latency the batch-size controller aims to stay within.
-            It is not a promise: admission refuses against it only when it is declared an SLO.
-        slo_s: a declared latency SLO (None: none). A request predicted to finish later than
-            this after it arrived is refused at once with ``Overloaded``, so what is accepted
-            under overload still meets it. At least ``latency_target_s``.
-        max_queued_requests, max_queued_samples: admission bounds in count over all of the
-            model's queues (requests, samples; None: no sample bound); beyond them a request is
-            refused with ``Overloaded``.
-        max_queue_delay_s: admission bound in time: a request predicted to wait longer than
-            this before its batch starts is refused at once with ``Overloaded`` (inf: no bound).
-            None (the default) is the default budget when no SLO is declared (see
-            ``queue_budget_s``), and no bound when one is (the SLO bounds the wait). A request
-            predicted to finish after its own deadline is refused either way.
-        queue_budget_targets, queue_budget_floor_s: the default queueing budget,
-            ``max(queue_budget_targets * latency_target_s, queue_budget_floor_s)``. Half a second
-            of queueing holds a closed loop of a few hundred clients (the queue is bounded by
-            their number) on a model answering a thousand requests a second, and keeps what an
-            open-loop overload gets accepted within about a second.
-        queue_budget_min_batches: the default budget refuses nothing while the model's queues
-            hold fewer samples than this many full batches (``max_batch``) per replica in
-            service: a queue that short is bounded by its count, and a prediction over the
-            budget there comes from a batch size the controller has just cut (a noisy machine),
-            which refusing would turn into errors for a closed loop of that many clients.
-        work_stealing: a replica that is idle, or starts a batch with room left, takes queued
-            work from the busiest while it would finish sooner there (``least-work`` only).
-        late_binding: as a replica is about to start a batch, jobs in it that another replica
-            is now predicted to finish sooner move there, once at most (``least-work`` only).
-        prior_base_s, prior_per_sample_s: the latency model's starting guess of ``a`` and ``c``.
-        watchdog_s, watchdog_floor_s: a worker that has not finished a batch within ten times
-            the batch's predicted time (from the replica's own latency fit), and at least
-            ``watchdog_floor_s``, is lost: taken out of routing, its work re-run once elsewhere,
-            and restarted. Until the fit has measured a batch, the limit is ``watchdog_s``
-            (a cold start may load, compile or autotune).
-        priority_levels: how many priority levels requests may ask for (Triton's convention:
-            1 is the most urgent, ``priority_levels`` the least; a batch is filled from the most
-            urgent level first).
-        default_priority_level: the level of a request that asks for none (priority 0); None is
-            the least urgent level.
-    """
-
-    policy: Policy = Policy.LEAST_WORK
-    adaptive_batching: bool = True
-    max_batch: int = 64
-    max_wait_s: float = 0.002
-    latency_target_s: float = 0.050
-    slo_s: float | None = None
-    max_queued_requests: int = 4096
-    max_queued_samples: int | None = None
-    max_queue_delay_s: float | None = None
-    queue_budget_targets: float = 1.0
-    queue_budget_floor_s: float = 0.5
-    queue_budget_min_batches: int = 2
-    work_stealing: bool = True
-    late_binding: bool = True
-    watchdog_s: float = 30.0
-    watchdog_floor_s: float = 2.0
-    prior_base_s: float = 0.002
-    prior_per_sample_s: float = 0.0002
-    priority_levels: int = 1
-    default_priority_level: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.priority_levels < 1:
-            raise ValueError(f"priority_levels must be >= 1, not {self.priority_levels}")
-        default = self.default_priority_level
-        if default is not None and not 1 <= default <= self.priority_levels:
-            raise ValueError(f"default_priority_level {default} is outside the levels "
-                             f"1..{self.priority_levels}")
-        if self.slo_s is not None and not self.slo_s >= self.latency_target_s:
-            # Batches sized for a longer target than the SLO would break it at moderate load.
-            raise ValueError(f"slo_s {self.slo_s} is below latency_target_s "
-                             f"{self.latency_target_s}: batch sizes would aim past the SLO")
-
-    @property
-    def queue_budget_s(self) -> float | None:
-        """The longest predicted wait for a batch that admission accepts; None: no bound."""
-        if self.max_queue_delay_s is not None:
-            return None if math.isinf(self.max_queue_delay_s) else self.max_queue_delay_s
-        if self.slo_s is not None:
-            return None
-        return max(self.queue_budget_targets * self.latency_target_s, self.queue_budget_floor_s)
-
-    def level_of(self, priority: int) -> int:
-        """The queue level (0 = most urgent) of a request asking for ``priority`` (0 = the
-        default); raises InvalidRequest outside the model's levels."""
-        if priority == 0:
-            priority = self.default_priority_level or self.priority_levels
-        if not 1 <= priority <= self.priority_levels:
-            raise InvalidRequest(f"priority {priority} is outside the model's levels "
-                                 f"1..{self.priority_levels} (0 asks for the default)")
-        return priority - 1
+__all__ = ["BalancerConfig", "ModelBalancer"]
 
 
 class ModelBalancer:
-    """Admits a model's requests and spreads them over its replicas.
+    """Admits a model's requests and spreads them over its replicas, and owns them: their
+    workers' lifecycle (added, removed, closed with the balancer) and their simulated devices'
+    admin controls. Readers get ``snapshot()``.
 
     ``submit`` is synchronous and cheap (it runs once per request on the event loop): it checks
     admission, picks a replica by the policy, appends the job to that replica's queue and returns
     the job's future. Each replica's own loop (see ``Replica``) forms and runs batches.
+
+    ``clock`` prices and times every wait: a ``TimeSource`` (a clock with its timers), or a bare
+    clock whose timers are the event loop's (``time.monotonic``, or a virtual loop's ``time``).
     """
 
     def __init__(self, *, model_name: str, workers: Sequence[Worker], config: BalancerConfig,
-                 clock: Clock = time.monotonic, rng: random.Random | None = None,
+                 clock: Clock | TimeSource = time.monotonic, rng: random.Random | None = None,
                  on_health: Callable[[], None] | None = None,
-                 ledger: DeviceLedger | None = None) -> None:
+                 ledger: DeviceLedger | None = None, count_cpu: bool = False) -> None:
         if not workers:
             raise ValueError(f"model {model_name!r} has no workers")
         self.model_name = model_name
         self.config = config
-        self.counters = ModelCounters()
-        self._clock = clock
+        self.counters = ModelCounters(cpu=CpuParts() if count_cpu else None)
+        self._time = as_time_source(clock)
+        self._clock = self._time.clock
         self._rng = rng or random.Random(0)
         self._closing = False
         self._in_system = 0  # admitted requests whose future is not done yet
@@ -155,76 +61,75 @@ class ModelBalancer:
         self._round_robin = itertools.count()
         self._default_level = config.level_of(0)
         self._queue_budget_s = config.queue_budget_s  # read on every request
-        self._shared_queue = (JobQueue(config.priority_levels, self.counters.dropped)
-                              if config.policy is Policy.SHARED_QUEUE else None)
-        self._many = len(workers) > 1  # stealing and late binding need another replica
-        self.replicas = [self._make_replica(worker) for worker in workers]
-        self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
-        self._in_service = list(self.replicas)  # the healthy replicas, in routing
-        self._on_health = on_health
+        self._shared_queue = (self._new_queue() if config.policy is Policy.SHARED_QUEUE
+                              else None)
         self._ledger = ledger
+        self._side = _ReplicaSide(self)
+        self._queue_of: dict[Replica, JobQueue] = {}
+        self._replicas: list[Replica] = []
+        for worker in workers:
+            self._add(worker)
+        self._in_service = list(self._replicas)  # the healthy replicas, in routing
+        self._on_health = on_health
 
-    def _make_replica(self, worker: Worker) -> Replica:
-        config = self.config
-        least_work = config.policy is Policy.LEAST_WORK
-        return Replica(
-            worker=worker,
-            queue=self._shared_queue if self._shared_queue is not None
-            else JobQueue(config.priority_levels, self.counters.dropped),
-            controller=BatchSizeController(
-                max_batch=config.max_batch, latency_target_s=config.latency_target_s,
-                max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching),
-            estimator=LatencyModel(prior_base_s=config.prior_base_s,
-                                   prior_per_sample_s=config.prior_per_sample_s),
-            counters=self.counters, max_wait_s=config.max_wait_s, clock=self._clock,
-            find_work=self._steal_for if least_work and config.work_stealing else None,
-            others_in_flight=self._others_in_flight,
-            watchdog_s=config.watchdog_s, watchdog_floor_s=config.watchdog_floor_s,
-            on_lost=self._reroute, on_health=self._health_changed,
-            rebind=self._rebind if least_work and config.late_binding else None)
+    @property
+    def replicas(self) -> tuple[Replica, ...]:
+        """The replicas, for tests and diagnostics; the server reads ``snapshot()``."""
+        return tuple(self._replicas)
 
-    def add_replica(self, worker: Worker) -> Replica:
-        """A new replica (a device that joined), in routing at once; it is cold, so it gets
-        one probe request before its estimate is trusted."""
-        replica = self._make_replica(worker)
-        self.replicas.append(replica)
-        self._many = len(self.replicas) > 1
-        self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
-        if self._loop is not None:
-            self._start_replica(replica)
-        self._health_changed()
+    def _new_queue(self) -> JobQueue:
+        return JobQueue(self.config.priority_levels, self.counters.dropped, self._time)
+
+    def _add(self, worker: Worker) -> Replica:
+        queue = self._shared_queue if self._shared_queue is not None else self._new_queue()
+        replica = Replica(worker=worker, queue=queue, config=self.config,
+                          counters=self.counters, time_source=self._time, owner=self._side,
+                          ledger=self._ledger)
+        self._queue_of[replica] = queue
+        self._replicas.append(replica)
+        self._replicas_changed()
         return replica
 
-    async def remove_replica(self, replica: Replica) -> None:
-        """Take ``replica`` out of routing, move its queued work to the others, let its running
-        batch finish, and stop it (its worker is the caller's to close)."""
-        replica.healthy = False
+    def _replicas_changed(self) -> None:
+        self._many = len(self._replicas) > 1  # stealing and late binding need another replica
+        self._queues = list({id(q): q for q in self._queue_of.values()}.values())
+
+    def add_replica(self, worker: Worker) -> None:
+        """A new replica (a device that joined), in routing at once; it is cold, so it gets
+        one probe request before its estimate is trusted. The balancer owns ``worker`` now."""
+        replica = self._add(worker)
+        if self._loop is not None:
+            replica.start()
         self._health_changed()
-        queue = replica.queue
-        queued = [] if queue is self._shared_queue else \
-            [queue.pop_tail() for _ in range(len(queue))][::-1]
-        self._reroute(replica, [], queued)
+
+    async def remove_device(self, device: str) -> int:
+        """The replicas whose worker runs on ``device`` alone leave: out of routing, their
+        queued work moved to the others, their running batches finished; then their workers
+        are closed. Returns how many left."""
+        leaving = [r for r in self._replicas if tuple(r.devices) == (device,)]
+        for replica in leaving:
+            await self._remove(replica)
+        return len(leaving)
+
+    async def _remove(self, replica: Replica) -> None:
+        replica.leave_routing()
+        self._health_changed()
+        queued = [] if self._shared_queue is not None else \
+            replica.give_up_newest(replica.queued_requests)
+        self._reroute([], queued)
         await replica.wait_quiet()
-        self.replicas.remove(replica)
-        self._many = len(self.replicas) > 1
-        self._queues = list({id(r.queue): r.queue for r in self.replicas}.values())
-        if self._ledger is not None:
-            self._ledger.remove(replica)
-            replica.ledger = None
+        self._replicas.remove(replica)
+        del self._queue_of[replica]
+        self._replicas_changed()
         await replica.stop()
         self._health_changed()
+        await replica.worker.close()
 
     def start(self) -> None:
         """Start the replica loops on the running event loop (the one ``submit`` is called on)."""
         self._loop = asyncio.get_running_loop()
-        for replica in self.replicas:
-            self._start_replica(replica)
-
-    def _start_replica(self, replica: Replica) -> None:
-        if self._ledger is not None:
-            self._ledger.add(replica)
-            replica.ledger = self._ledger
-        replica.start()
+        for replica in self._replicas:
+            replica.start()
 
     @property
     def serving(self) -> bool:
@@ -232,7 +137,7 @@ class ModelBalancer:
         return bool(self._in_service)
 
     def _health_changed(self) -> None:
-        self._in_service = [replica for replica in self.replicas if replica.healthy]
+        self._in_service = [replica for replica in self._replicas if replica.healthy]
         if self._on_health is not None:
             self._on_health()
 
@@ -275,15 +180,14 @@ class ModelBalancer:
         if self.config.policy is Policy.LEAST_WORK:
             # The router is the only source of work for a replica's queue: a partial batch the
             # router just passed over will not fill, so it should not keep waiting.
-            for other in self.replicas:
+            for other in self._replicas:
                 if other.forming and other is not replica:
-                    other.close_forming_batch()
-        if replica.estimator.fit.reliable:  # a prediction worth learning the error of
+                    other.passed_over()
+        if replica.fit_reliable:  # a prediction worth learning the error of
             job.predicted_done_s = now_s + finish_s
         self._in_system += 1
         future.add_done_callback(self._leave_system)
-        replica.note_arrival(num_samples, now_s)
-        replica.queue.push(job)
+        replica.admit(job, now_s)
         return future
 
     def _admit_by_count(self, num_samples: int, now_s: float) -> None:
@@ -328,8 +232,7 @@ class ModelBalancer:
                              f"({(deadline_s - now_s) * 1e3:.0f} ms from now)")
         budget_s = self._queue_budget_s
         if budget_s is not None:
-            wait_s = finish_s - replica.estimator.predict_s(
-                max(num_samples, replica.controller.batch_size))
+            wait_s = finish_s - replica.joining_batch_s(num_samples)
             if wait_s > budget_s and (config.max_queue_delay_s is not None
                                       or self._past_min_queue(num_samples)):
                 counters.rejected["queue_delay"] += 1
@@ -339,7 +242,7 @@ class ModelBalancer:
         slo_s = config.slo_s
         if slo_s is None:
             return
-        if replica.queue.num_samples + num_samples <= replica.controller.batch_size:
+        if replica.joins_next_batch(num_samples):
             # It joins the next batch: the batch sizes already keep that within the target
             # (max wait + the running batch + its own), so a prediction near the SLO at
             # moderate load is no reason to refuse it.
@@ -361,12 +264,8 @@ class ModelBalancer:
     def _leave_system(self, _: asyncio.Future[Any]) -> None:
         self._in_system -= 1
 
-    def _others_in_flight(self, replica: Replica) -> bool:
-        """Whether any admitted request is outside ``replica``'s forming batch."""
-        return self._in_system > len(replica.queue)
-
-    def _reroute(self, lost: Replica, running: list[Job], queued: list[Job]) -> None:
-        """A replica lost its worker: its queued jobs go to the others; the jobs of the batch it
+    def _reroute(self, running: list[Job], queued: list[Job]) -> None:
+        """A replica left routing: its queued jobs go to the others; the jobs of the batch it
         was running are re-run once (a second loss fails them with UNAVAILABLE)."""
         now_s = self._clock()
         for job in running:
@@ -381,7 +280,7 @@ class ModelBalancer:
                        else "its worker was lost and no other replica is in service")))
                 continue
             replica, _ = self._route(job, now_s)
-            replica.queue.push(job)
+            replica.enqueue(job)
             self.counters.rerouted += 1
 
     def _route(self, job: Job, now_s: float) -> tuple[Replica, float]:
@@ -415,19 +314,15 @@ class ModelBalancer:
         if not thief.healthy or not self._many:
             return
         now_s = self._clock()
-        victims = [r for r in self.replicas if r is not thief and len(r.queue)]
+        victims = [r for r in self._replicas if r is not thief and r.queued_requests]
         if not victims:
             return
         loads = {id(r): r.load(now_s) for r in victims}
         victims.sort(key=lambda r: loads[id(r)].work_s(), reverse=True)
         for victim in victims:
-            count = plan_steal(thief.load(now_s), loads[id(victim)], victim.queue.tail_sizes())
-            if not count:
-                continue
-            moved = [victim.queue.pop_tail() for _ in range(count)]
-            for job in reversed(moved):
-                thief.queue.push_behind(job)
-            thief.stats.num_stolen_requests += count
+            count = plan_steal(thief.load(now_s), loads[id(victim)], victim.tail_sizes())
+            if count:
+                thief.accept_moved(victim.give_up_newest(count), stolen=True)
 
     def _rebind(self, replica: Replica, batch: list[Job]) -> list[Job]:
         """Late binding, as ``replica`` is about to start ``batch``: from the batch's least
@@ -435,7 +330,7 @@ class ModelBalancer:
         than in this batch (which shrinks as jobs leave). A job moves once at most, so
         predictions that change their minds cannot bounce it between replicas."""
         others = [r for r in self._in_service if r is not replica]
-        if not others or not replica.estimator.fit.reliable:
+        if not others or not replica.fit_reliable:
             return batch
         now_s = self._clock()
         samples = sum(job.num_samples for job in batch)
@@ -445,7 +340,7 @@ class ModelBalancer:
             job = kept[-1]
             if job.rebound:
                 break
-            here_s = remaining_s + replica.estimator.predict_s(samples)
+            here_s = remaining_s + replica.predict_s(samples)
             # Only replicas priced by their own measurements: a cold or stale one is a probe,
             # which routing sends new work to, not work that was already placed.
             candidates = [(other, load) for other in others
@@ -460,27 +355,50 @@ class ModelBalancer:
             kept.pop()
             samples -= job.num_samples
             job.rebound = True
-            target.queue.push_behind(job)
+            target.accept_moved([job], stolen=False)
             self.counters.rebound += 1
         return kept
+
+    async def set_device_speed(self, device: str, speed: float) -> float | None:
+        """Set the speed of the simulated ``device`` in every worker (or pipeline stage) on it;
+        the previous speed, or None when no worker here simulates that device."""
+        previous: float | None = None
+        for replica in self._replicas:
+            if device in replica.devices:
+                with contextlib.suppress(KeyError):  # not a simulated device
+                    previous = await replica.worker.set_device_speed(device, speed)
+        return previous
+
+    async def set_device_fault(self, device: str, fault: str, count: int) -> bool:
+        """Inject ``fault`` into the next ``count`` batches of the simulated ``device`` in every
+        worker on it; whether any worker here simulates that device."""
+        found = False
+        for replica in self._replicas:
+            if device not in replica.devices:
+                continue
+            try:
+                await replica.worker.set_device_fault(device, fault, count)
+            except KeyError:
+                continue  # not a simulated device
+            found = True
+        return found
 
     async def drain(self) -> None:
         """Refuse new work and wait until every admitted request has finished."""
         self._closing = True
-        while self.queued_requests or any(r.load(self._clock()).running_requests
-                                          for r in self.replicas):
-            await asyncio.gather(*(replica.wait_quiet() for replica in self.replicas))
+        while self.queued_requests or any(r.running_requests for r in self._replicas):
+            await asyncio.gather(*(replica.wait_quiet() for replica in self._replicas))
 
     async def close(self) -> None:
-        """Stop the replica loops and fail anything still queued (call ``drain`` first)."""
+        """Stop the replica loops, fail anything still queued, and close the workers (call
+        ``drain`` first)."""
         self._closing = True
         for queue in self._queues:
             queue.fail_all(ShuttingDown(f"model {self.model_name!r} shut down"))
-        for replica in self.replicas:
-            if self._ledger is not None:
-                self._ledger.remove(replica)
-                replica.ledger = None
+        for replica in self._replicas:
             await replica.stop()
+        for replica in self._replicas:
+            await replica.worker.close()
 
     def snapshot(self) -> BalancerSnapshot:
         now_s = self._clock()
@@ -492,4 +410,30 @@ class ModelBalancer:
             num_rejected=sum(self.counters.rejected.values()),
             rejected_by_reason=dict(self.counters.rejected),
             dropped_by_reason=dict(self.counters.dropped),
-            replicas=tuple(replica.snapshot(now_s) for replica in self.replicas))
+            replicas=tuple(replica.snapshot(now_s) for replica in self._replicas))
+
+
+class _ReplicaSide:
+    """The balancer as its replicas see it (a ``ReplicaOwner``), kept off ``ModelBalancer``'s
+    own face: what a replica may ask of its balancer, and nothing else."""
+
+    __slots__ = ("_balancer",)
+
+    def __init__(self, balancer: ModelBalancer) -> None:
+        self._balancer = balancer
+
+    def others_in_flight(self, replica: Replica) -> bool:
+        return self._balancer.admitted_requests > replica.queued_requests
+
+    def find_work(self, replica: Replica) -> None:
+        self._balancer._steal_for(replica)
+
+    def rebind(self, replica: Replica, batch: list[Job]) -> list[Job]:
+        return self._balancer._rebind(replica, batch)
+
+    def lost(self, replica: Replica, running: list[Job], queued: list[Job]) -> None:
+        self._balancer._health_changed()
+        self._balancer._reroute(running, queued)
+
+    def restored(self, replica: Replica) -> None:
+        self._balancer._health_changed()

@@ -9,6 +9,12 @@ _STEP_COUNT = 3            # this many surprises in a row means the device chang
 _MIN_SPREAD_SAMPLES2 = 0.25  # weighted variance of batch sizes needed to separate a from c
 _MAX_RELIABLE_ERROR = 0.2  # mean relative error above which the fit is not trusted
 
+# The starting guess of ``a`` and ``c`` (``BalancerConfig``'s defaults too): a small model on a
+# GPU. It only splits the first measured latency between fixed and per-sample cost until two
+# batch sizes are seen, so its scale matters less than its ratio (ten samples cost one ``a``).
+PRIOR_BASE_S = 0.002
+PRIOR_PER_SAMPLE_S = 0.0002
+
 
 @dataclass(frozen=True, slots=True)
 class LatencyFit:
@@ -34,7 +40,8 @@ class LatencyModel:
     then scales the prior's split between fixed and per-sample cost to the observed latency.
     """
 
-    def __init__(self, *, prior_base_s: float = 0.005, prior_per_sample_s: float = 0.0005,
+    def __init__(self, *, prior_base_s: float = PRIOR_BASE_S,
+                 prior_per_sample_s: float = PRIOR_PER_SAMPLE_S,
                  forgetting: float = 0.95, min_weight: float = 3.0) -> None:
         if not 0.0 < forgetting < 1.0:
             raise ValueError("forgetting must be in (0, 1)")

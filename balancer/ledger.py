@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from evenflow.balancer.replica import Replica
+from evenflow.balancer.policies import ReplicaLoad
+
+
+class Priced(Protocol):
+    """What the ledger needs of a replica: the devices it runs on, and its own work there."""
+
+    @property
+    def devices(self) -> Sequence[str]: ...
+
+    def own_load(self, now_s: float) -> ReplicaLoad: ...
 
 
 class DeviceLedger:
@@ -17,18 +26,18 @@ class DeviceLedger:
     of the others on its devices (``others_work_s``) when it prices itself."""
 
     def __init__(self) -> None:
-        self._by_device: defaultdict[str, list[Replica]] = defaultdict(list)
+        self._by_device: defaultdict[str, list[Priced]] = defaultdict(list)
         # Each replica's sharers, computed when the ledger changes: asked on every routing
         # decision, for every replica, and almost always empty.
-        self._others: dict[int, tuple[Replica, ...]] = {}
+        self._others: dict[int, tuple[Priced, ...]] = {}
 
-    def add(self, replica: Replica) -> None:
-        for device in replica.worker.devices:
+    def add(self, replica: Priced) -> None:
+        for device in replica.devices:
             self._by_device[device].append(replica)
         self._others.clear()
 
-    def remove(self, replica: Replica) -> None:
-        for device in replica.worker.devices:
+    def remove(self, replica: Priced) -> None:
+        for device in replica.devices:
             sharing = self._by_device[device]
             if replica in sharing:
                 sharing.remove(replica)
@@ -36,22 +45,22 @@ class DeviceLedger:
                 del self._by_device[device]
         self._others.clear()
 
-    def shared(self, replica: Replica) -> bool:
+    def shared(self, replica: Priced) -> bool:
         """Whether another replica runs on any of ``replica``'s devices."""
         return bool(self._sharers(replica))
 
-    def _sharers(self, replica: Replica) -> tuple[Replica, ...]:
+    def _sharers(self, replica: Priced) -> tuple[Priced, ...]:
         others = self._others.get(id(replica))
         if others is None:
-            found: dict[int, Replica] = {}
-            for device in replica.worker.devices:
+            found: dict[int, Priced] = {}
+            for device in replica.devices:
                 for other in self._by_device.get(device, ()):
                     if other is not replica:
                         found[id(other)] = other
             others = self._others[id(replica)] = tuple(found.values())
         return others
 
-    def others_work_s(self, replica: Replica, now_s: float) -> float:
+    def others_work_s(self, replica: Priced, now_s: float) -> float:
         """Seconds of work (running and queued) that other replicas hold on ``replica``'s
         devices, each counted once. A replica that has not measured a batch yet prices its own
         work as unknown (infinite, so that routing probes it before trusting it); as another

@@ -9,6 +9,7 @@ from collections.abc import Hashable, Iterator
 
 from evenflow.balancer.errors import DeadlineExceeded
 from evenflow.balancer.job import Job
+from evenflow.balancer.timebase import LoopTime, TimeSource, resolve
 
 
 class JobQueue:
@@ -20,7 +21,8 @@ class JobQueue:
     dropped when a batch is taken, never run: the deadline ones fail with ``DeadlineExceeded``.
     """
 
-    def __init__(self, levels: int = 1, dropped: Counter[str] | None = None) -> None:
+    def __init__(self, levels: int = 1, dropped: Counter[str] | None = None,
+                 time: TimeSource | None = None) -> None:
         if levels < 1:
             raise ValueError(f"a queue needs at least one priority level, not {levels}")
         self._levels: list[deque[Job]] = [deque() for _ in range(levels)]
@@ -29,6 +31,7 @@ class JobQueue:
         self._count = 0
         self.num_samples = 0
         self._waiters: list[asyncio.Future[None]] = []
+        self._time = LoopTime() if time is None else time
 
     def __len__(self) -> int:
         return self._count
@@ -165,11 +168,10 @@ class JobQueue:
         self._wake()
 
     async def wait_changed(self, timeout_s: float | None = None) -> None:
-        """Return when a job is pushed (or after ``timeout_s``)."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
+        """Return when a job is pushed (or after ``timeout_s`` on the queue's time source)."""
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
-        timer = loop.call_later(timeout_s, _resolve, waiter) if timeout_s is not None else None
+        timer = None if timeout_s is None else self._time.call_later(timeout_s, resolve, waiter)
         try:
             await waiter
         finally:
@@ -186,9 +188,4 @@ class JobQueue:
         if self._waiters:
             waiters, self._waiters = self._waiters, []
             for waiter in waiters:
-                _resolve(waiter)
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+                resolve(waiter)

@@ -8,8 +8,10 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
+from evenflow.balancer.config import BalancerConfig
 from evenflow.balancer.controller import BatchSizeController
 from evenflow.balancer.errors import (
     BatchFailed,
@@ -20,18 +22,53 @@ from evenflow.balancer.errors import (
     WorkerLost,
 )
 from evenflow.balancer.estimator import LatencyModel
-from evenflow.balancer.job import BatchResult, Clock, Job, Worker
+from evenflow.balancer.job import BatchResult, Job, Worker
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import ReplicaLoad
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.stats import ModelCounters, ReplicaCounters, ReplicaSnapshot
+from evenflow.balancer.timebase import LoopTime, TimeSource, sleep_s
 from evenflow.balancer.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
 _RATE_TAU_S = 0.5  # arrival rates forget with this time constant
-_MAX_RESTART_DELAY_S = 30.0
 _STALE_S = 1.0  # an idle replica whose last batch ended longer ago than this gets a probe
+# An idle replica looks for work to steal this often: one whose estimate is too slow gets no
+# new work from routing, and only a batch it steals can show that it is faster.
+_IDLE_POLL_S = 0.02
+# A batch running this many times its predicted time is hung, not slow: predictions miss by
+# tens of percent, a device that throttles by a few times, never by ten.
+_WATCHDOG_BATCHES = 10.0
+# A failed restart is retried after this, doubling up to the maximum: the first retry is soon
+# enough to ride out a process that was still exiting, the cap keeps a dead host's log quiet.
+_FIRST_RESTART_DELAY_S = 0.05
+_MAX_RESTART_DELAY_S = 30.0
+
+
+class ReplicaOwner(Protocol):
+    """What a replica asks of the balancer that routes to it."""
+
+    def others_in_flight(self, replica: Replica) -> bool:
+        """Whether any admitted request is outside ``replica``'s queue (more may join it)."""
+        ...
+
+    def find_work(self, replica: Replica) -> None:
+        """Work stealing: move queued work of busier replicas to ``replica``."""
+        ...
+
+    def rebind(self, replica: Replica, batch: list[Job]) -> list[Job]:
+        """Late binding: the part of ``batch`` that stays on ``replica`` (the rest moved)."""
+        ...
+
+    def lost(self, replica: Replica, running: list[Job], queued: list[Job]) -> None:
+        """``replica`` left routing (its worker was lost): re-run ``running`` once and route
+        ``queued`` elsewhere."""
+        ...
+
+    def restored(self, replica: Replica) -> None:
+        """``replica`` is back in routing (its worker restarted)."""
+        ...
 
 
 def restart_renews_device(worker: Worker) -> bool:
@@ -46,18 +83,20 @@ class Replica:
 
     The loop takes a batch from the queue when the queue holds the batch's live size, when
     the oldest job has waited ``max_wait_s``, when the model has no other request in flight, or
-    when the balancer says no more work is coming (``close_forming_batch``); runs it on the
-    worker; feeds the measured time to the latency model and the controller; resolves each job's
-    future.
+    when the balancer says no more work is coming (``passed_over``); runs it on the worker; feeds
+    the measured time to the latency model and the controller; resolves each job's future. Every
+    wait is a timer of the injected ``TimeSource``, the clock that prices the replica too.
 
-    ``rebind`` is late binding: as a batch is about to start, the balancer may move jobs in it
-    to a replica that is now predicted to finish them sooner (the routing decision was made when
-    the job arrived; this is the last moment it can be revised).
+    The replica asks its ``owner`` (a ``ReplicaOwner``, its balancer) for what it cannot see
+    alone. Late binding (``config.binds_late``): as a batch is about to start, the owner may move
+    jobs in it to a replica that is now predicted to finish them sooner (the routing decision was
+    made when the job arrived; this is the last moment it can be revised).
 
-    ``find_work`` is the balancer's work stealing. The replica calls it when its queue is empty,
-    again every ``idle_poll_s`` while it stays so (a replica whose estimate is wrong, and so gets
-    no new work, still takes work), and when it is about to start a batch with room left: work
-    queued elsewhere when it was routed can be bound late, to the batch that starts now.
+    Work stealing (``config.steals_work``): the replica asks the owner for work when its queue is
+    empty, again every ``_IDLE_POLL_S`` while it stays so (a replica whose estimate is wrong,
+    and so gets no new work, still takes work), and when it is about to start a batch with room
+    left: work queued elsewhere when it was routed can be bound late, to the batch that starts
+    now.
 
     A batch that runs out of memory is split in half and retried, and the controller's cap drops;
     any other failure fails only that batch's jobs.
@@ -65,9 +104,9 @@ class Replica:
     A worker that dies, or runs a batch past the watchdog (ten times its predicted time, at
     least ``watchdog_floor_s``, or ``watchdog_s`` before the latency fit has measured a batch;
     time the event loop itself was stalled does not count: ``Watchdog``), is lost: the replica
-    leaves routing, hands the batch's jobs and its queue to ``on_lost`` (the balancer re-runs
-    them elsewhere), and restarts the worker, backing off while restarts fail; then it is back
-    in routing.
+    leaves routing, hands the batch's jobs and its queue to the owner (``lost``: the balancer
+    re-runs them elsewhere), and restarts the worker, backing off while restarts fail; then it
+    is back in routing (``restored``).
 
     A worker whose device is lost (``DeviceLost``: a sticky CUDA error poisons the device's
     context, so every later batch on it would fail) is lost the same way, but a restart helps
@@ -75,28 +114,25 @@ class Replica:
     stays out of routing for good, with ``unusable_reason`` saying why.
     """
 
-    def __init__(self, *, worker: Worker, queue: JobQueue, controller: BatchSizeController,
-                 estimator: LatencyModel, counters: ModelCounters, max_wait_s: float,
-                 clock: Clock = time.monotonic,
-                 find_work: Callable[[Replica], None] | None = None,
-                 idle_poll_s: float = 0.02,
-                 others_in_flight: Callable[[Replica], bool] | None = None,
-                 watchdog_s: float = math.inf,
-                 watchdog_floor_s: float = math.inf,
-                 on_lost: Callable[[Replica, list[Job], list[Job]], None] | None = None,
-                 on_health: Callable[[], None] | None = None,
-                 rebind: Callable[[Replica, list[Job]], list[Job]] | None = None) -> None:
+    def __init__(self, *, worker: Worker, queue: JobQueue, config: BalancerConfig,
+                 counters: ModelCounters, time_source: TimeSource | None = None,
+                 owner: ReplicaOwner | None = None, ledger: DeviceLedger | None = None) -> None:
         self.worker = worker
-        self.queue = queue
-        self.controller = controller
-        self.estimator = estimator
+        self._queue = queue
+        self._controller = BatchSizeController(
+            max_batch=config.max_batch, latency_target_s=config.latency_target_s,
+            max_wait_s=config.max_wait_s, adaptive=config.adaptive_batching)
+        self._estimator = LatencyModel(prior_base_s=config.prior_base_s,
+                                       prior_per_sample_s=config.prior_per_sample_s)
         self.stats = ReplicaCounters()
         self._model_counters = counters
-        self._max_wait_s = max_wait_s
-        self._clock = clock
-        self._find_work = find_work
-        self._idle_poll_s = idle_poll_s
-        self._others_in_flight = others_in_flight
+        self._max_wait_s = config.max_wait_s
+        self._time = LoopTime() if time_source is None else time_source
+        self._clock = self._time.clock
+        self._owner = owner
+        # The owner again, where its work stealing and late binding are on (else None).
+        self._stealer = owner if config.steals_work else None
+        self._binder = owner if config.binds_late else None
         self._running_since_s: float | None = None
         self._running_end_s = 0.0
         self._running_requests = 0
@@ -109,28 +145,47 @@ class Replica:
         self._arrival_rate_per_s = 0.0
         self._rate_at_s = 0.0
         self._close_early = False
-        self._watchdog_s = watchdog_s
-        self._watchdog_floor_s = min(watchdog_floor_s, watchdog_s)
-        self._on_lost = on_lost
-        self._on_health = on_health
-        self.healthy = True
+        self._watchdog_s = config.watchdog_s
+        self._watchdog_floor_s = min(config.watchdog_floor_s, config.watchdog_s)
+        self._healthy = True
         self.unusable_reason = ""  # set when a lost device takes the replica out for good
         self.restarts = 0
         self._last_done_s = -math.inf
         self._restart_task: asyncio.Task[None] | None = None
-        self._rebind = rebind
-        self.ledger: DeviceLedger | None = None  # set by the balancer when models share devices
+        self._ledger = ledger  # models sharing devices: their replicas' work delays this one
 
     @property
     def name(self) -> str:
         return self.worker.name
 
+    @property
+    def devices(self) -> Sequence[str]:
+        return self.worker.devices
+
+    @property
+    def healthy(self) -> bool:
+        """In routing (False while a lost worker restarts, and for good on a lost device)."""
+        return self._healthy
+
+    @property
+    def controller(self) -> BatchSizeController:
+        """The batch-size controller, for tests that check its cap; the balancer asks
+        ``joins_next_batch`` and ``joining_batch_s`` instead."""
+        return self._controller
+
     def start(self) -> None:
+        """Start the loop on the running event loop, and join the device ledger."""
         if self._task is None:
+            if self._ledger is not None:
+                self._ledger.add(self)
             self._task = asyncio.create_task(self._run(), name=f"replica:{self.name}")
 
     async def stop(self) -> None:
-        """Cancel the loop and any batch in flight (after the balancer drained them)."""
+        """Leave the device ledger; cancel the loop and any batch in flight (after the balancer
+        drained them). The worker stays open (``ModelBalancer`` closes it)."""
+        if self._ledger is not None:
+            self._ledger.remove(self)
+            self._ledger = None
         tasks = [t for t in (self._task, self._restart_task, *self._in_flight) if t is not None]
         for task in tasks:
             task.cancel()
@@ -143,14 +198,74 @@ class Replica:
         """Return once nothing is queued and no batch is running."""
         await self._quiet.wait()
 
-    def close_forming_batch(self) -> None:
-        """Run the partial batch now: the router sent the latest work elsewhere, so waiting
-        for it to fill would only delay the requests already in it."""
+    # What the balancer's admission and routing read.
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self._queue)
+
+    @property
+    def running_requests(self) -> int:
+        return self._running_requests
+
+    @property
+    def fit_reliable(self) -> bool:
+        """Whether the latency fit's predictions are trusted (measured, and accurate lately)."""
+        return self._estimator.fit.reliable
+
+    def predict_s(self, num_samples: int) -> float:
+        """Predicted seconds of a batch of ``num_samples``."""
+        return self._estimator.predict_s(num_samples)
+
+    def joining_batch_s(self, num_samples: int) -> float:
+        """Predicted seconds of the batch a request of ``num_samples`` would run in: at least
+        the controller's batch size."""
+        return self._estimator.predict_s(max(num_samples, self._controller.batch_size))
+
+    def joins_next_batch(self, num_samples: int) -> bool:
+        """Whether ``num_samples`` more still fit in the next batch this replica starts."""
+        return self._queue.num_samples + num_samples <= self._controller.batch_size
+
+    def tail_sizes(self) -> list[int]:
+        """Sizes of the queued jobs, newest (least urgent) first: the order they are given up
+        in (``give_up_newest``)."""
+        return self._queue.tail_sizes()
+
+    # What the balancer's routing does to it.
+
+    def admit(self, job: Job, now_s: float) -> None:
+        """Queue a newly admitted job routed here, and count it in the arrival rate."""
+        self._note_arrival(job.num_samples, now_s)
+        self._queue.push(job)
+
+    def enqueue(self, job: Job) -> None:
+        """Queue a job already admitted elsewhere (re-routed off a lost replica)."""
+        self._queue.push(job)
+
+    def accept_moved(self, jobs: Sequence[Job], *, stolen: bool) -> None:
+        """Queue jobs moved here from another replica (``stolen`` by this one's work stealing,
+        or moved by late binding) behind what is queued already: they were priced there."""
+        for job in jobs:
+            self._queue.push_behind(job)
+        if stolen:
+            self.stats.num_stolen_requests += len(jobs)
+
+    def give_up_newest(self, count: int) -> list[Job]:
+        """Take the ``count`` newest, least urgent queued jobs out, in queue order."""
+        return [self._queue.pop_tail() for _ in range(count)][::-1]
+
+    def passed_over(self) -> None:
+        """The router sent the latest work elsewhere: a partial batch here will not fill, so
+        run it now rather than delay the requests already in it."""
         if self.forming:
             self._close_early = True
-            self.queue.wake()
+            self._queue.wake()
 
-    def note_arrival(self, num_samples: int, now_s: float) -> None:
+    def leave_routing(self) -> None:
+        """Out of routing for good (its device left): the balancer takes its queue over."""
+        self._healthy = False
+
+    def _note_arrival(self, num_samples: int, now_s: float) -> None:
         """Count samples routed here: an exponentially decaying rate (time constant 0.5 s)."""
         self._arrival_rate_per_s = self._decayed_rate(now_s) + num_samples / _RATE_TAU_S
         self._rate_at_s = now_s
@@ -162,49 +277,49 @@ class Replica:
     def _next_batch_size(self, now_s: float, remaining_s: float) -> int:
         """How large the next batch may be, given when it starts and how long its oldest
         request will have waited by then."""
-        oldest_s = self.queue.oldest_arrival_s if len(self.queue) else now_s
-        return self.controller.live_batch_size(self.estimator.fit,
+        oldest_s = self._queue.oldest_arrival_s if len(self._queue) else now_s
+        return self._controller.live_batch_size(self._estimator.fit,
                                                now_s + remaining_s - oldest_s)
 
     def load(self, now_s: float) -> ReplicaLoad:
         """What the policies price: this replica's own work, and, when other models' replicas
         share its device (``ledger``), theirs as time before its next batch can start."""
-        shared_s = self.ledger.others_work_s(self, now_s) if self.ledger is not None else 0.0
+        shared_s = self._ledger.others_work_s(self, now_s) if self._ledger is not None else 0.0
         return self.own_load(now_s, shared_s)
 
     def _shares_device(self) -> bool:
-        return self.ledger is not None and self.ledger.shared(self)
+        return self._ledger is not None and self._ledger.shared(self)
 
     def own_load(self, now_s: float, shared_s: float = 0.0) -> ReplicaLoad:
-        fit = self.estimator.fit
+        fit = self._estimator.fit
         remaining = max(0.0, self._running_end_s - now_s) if self._running_requests else 0.0
         remaining += shared_s
-        stale = (not self._running_requests and not len(self.queue) and self.estimator.observed
+        stale = (not self._running_requests and not len(self._queue) and self._estimator.observed
                  and now_s - self._last_done_s > _STALE_S and not shared_s)
         return ReplicaLoad(
             running_remaining_s=remaining, running_requests=self._running_requests,
-            queued_samples=self.queue.num_samples, queued_requests=len(self.queue),
+            queued_samples=self._queue.num_samples, queued_requests=len(self._queue),
             base_s=fit.base_s, per_sample_s=fit.per_sample_s,
             batch_size=self._next_batch_size(now_s, remaining),
-            arrival_rate_per_s=self._decayed_rate(now_s), cold=not self.estimator.observed,
-            shape_groups=self.queue.num_shape_groups, stale=stale)
+            arrival_rate_per_s=self._decayed_rate(now_s), cold=not self._estimator.observed,
+            shape_groups=self._queue.num_shape_groups, stale=stale)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
-        fit = self.estimator.fit
+        fit = self._estimator.fit
         status = self.worker.status()
         return ReplicaSnapshot(
             name=self.name, devices=tuple(self.worker.devices),
             busy_fraction=self.stats.busy.fraction(now_s, self._running_since_s),
-            busy_s=self.stats.busy.total_busy_s, queued_requests=len(self.queue),
-            queued_samples=self.queue.num_samples, outstanding_work_s=self.load(now_s).work_s(),
-            batch_size=self.controller.batch_size, fit_base_s=fit.base_s,
+            busy_s=self.stats.busy.total_busy_s, queued_requests=len(self._queue),
+            queued_samples=self._queue.num_samples, outstanding_work_s=self.load(now_s).work_s(),
+            batch_size=self._controller.batch_size, fit_base_s=fit.base_s,
             fit_per_sample_s=fit.per_sample_s, fit_reliable=fit.reliable,
             num_batches=self.stats.num_batches, num_samples=self.stats.num_samples,
             num_stolen_requests=self.stats.num_stolen_requests,
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
             stages=status.stages, num_repartitions=status.num_repartitions,
-            healthy=self.healthy, restarts=self.restarts, location=status.location,
+            healthy=self._healthy, restarts=self.restarts, location=status.location,
             unusable_reason=self.unusable_reason)
 
     async def _run(self) -> None:
@@ -227,7 +342,7 @@ class Replica:
             task.add_done_callback(lambda _: slots.release())
 
     async def _next_batch(self) -> list[Job]:
-        queue = self.queue
+        queue, owner, stealer = self._queue, self._owner, self._stealer
         while True:
             if self.unusable_reason:
                 # Out for good: take nothing more (a shared queue would still feed this loop)
@@ -238,27 +353,27 @@ class Replica:
             if not len(queue):
                 if not self._running_requests:
                     self._quiet.set()
-                if self._find_work is not None:
-                    self._find_work(self)
+                if stealer is not None:
+                    stealer.find_work(self)
                 if not len(queue):
-                    await queue.wait_changed(
-                        None if self._find_work is None else self._idle_poll_s)
+                    await queue.wait_changed(None if stealer is None else _IDLE_POLL_S)
                     continue
             now_s = self._clock()
             size = self._next_batch_size(now_s, 0.0)
             wait_s = queue.oldest_arrival_s + self._max_wait_s - now_s
             # Waiting can only fill the batch with requests that are coming; when the model has
             # nothing else in flight (a lone client, low load), none is known to be coming.
-            alone = self._others_in_flight is not None and not self._others_in_flight(self)
+            alone = owner is not None and not owner.others_in_flight(self)
             if queue.num_samples >= size or wait_s <= 0.0 or self._close_early or alone:
                 self.forming = self._close_early = False
-                if queue.num_samples < size and self._find_work is not None:
-                    self._find_work(self)  # top the batch up from busier replicas' queues
+                if queue.num_samples < size and stealer is not None:
+                    stealer.find_work(self)  # top the batch up from busier replicas' queues
                 cpu = self._model_counters.cpu
                 started_s = time.thread_time() if cpu is not None else 0.0
                 jobs = queue.take(size, now_s)
-                if self._rebind is not None and jobs:
-                    jobs = self._rebind(self, jobs)  # late binding: keep what finishes here first
+                if self._binder is not None and jobs:
+                    # Late binding: keep what finishes here first.
+                    jobs = self._binder.rebind(self, jobs)
                 if cpu is not None:
                     cpu.add("batching", time.thread_time() - started_s)
                 if jobs:
@@ -275,7 +390,7 @@ class Replica:
             self._running_end_s = start_s
         # Batches in flight drain one per predicted batch time (a pipeline's slowest stage).
         self._running_end_s = max(self._running_end_s, start_s) + \
-            self.estimator.predict_s(num_samples)
+            self._estimator.predict_s(num_samples)
         self._running_requests += len(jobs)
         self._quiet.clear()
         try:
@@ -284,9 +399,9 @@ class Replica:
             self._lost(jobs, exc)
             return
         except OutOfMemory as exc:
-            self.controller.on_out_of_memory(num_samples)
+            self._controller.on_out_of_memory(num_samples)
             logger.warning("%s: out of memory at batch %d; cap now %d", self.name, num_samples,
-                           self.controller.cap)
+                           self._controller.cap)
             if len(jobs) > 1:
                 half = len(jobs) // 2
                 await self._execute(jobs[:half])
@@ -308,7 +423,7 @@ class Replica:
             self._running_requests -= len(jobs)
             if not self._running_requests:
                 self._running_since_s = None
-                if not len(self.queue) or self.unusable_reason:
+                if not len(self._queue) or self.unusable_reason:
                     self._quiet.set()
         cpu = self._model_counters.cpu
         if cpu is None:
@@ -323,11 +438,11 @@ class Replica:
             cpu.add("batch_out", result.cpu.copy_out_s)
 
     async def _run_watched(self, jobs: list[Job], num_samples: int) -> BatchResult:
-        floor_s = self._watchdog_floor_s if self.estimator.observed else self._watchdog_s
-        timeout_s = max(floor_s, 10.0 * self.estimator.predict_s(num_samples))
+        floor_s = self._watchdog_floor_s if self._estimator.observed else self._watchdog_s
+        timeout_s = max(floor_s, _WATCHDOG_BATCHES * self._estimator.predict_s(num_samples))
         if math.isinf(timeout_s):
             return await self.worker.run(jobs)
-        watchdog = Watchdog(timeout_s)
+        watchdog = Watchdog(timeout_s, time=self._time)
         try:
             async with watchdog:
                 return await self.worker.run(jobs)
@@ -341,15 +456,15 @@ class Replica:
         """Out of routing; the batch and the queue go back to the balancer; restart (unless
         the device is lost and a restart would not renew it: then out for good)."""
         logger.error("%s: worker lost (%s); re-routing %d running and %d queued requests",
-                     self.name, error, len(jobs), len(self.queue))
+                     self.name, error, len(jobs), len(self._queue))
         # Restarting a thread of this process would run on the same poisoned context.
         retire = isinstance(error, DeviceLost) and not restart_renews_device(self.worker)
         if retire:
             self.unusable_reason = str(error)
-        self._set_healthy(False)
-        queued = [self.queue.pop_tail() for _ in range(len(self.queue))][::-1]
-        if self._on_lost is not None:
-            self._on_lost(self, jobs, queued)
+        self._healthy = False
+        queued = self.give_up_newest(len(self._queue))
+        if self._owner is not None:
+            self._owner.lost(self, jobs, queued)
         else:
             self._fail([*jobs, *queued], error)
         if retire:
@@ -361,7 +476,7 @@ class Replica:
                                                      name=f"restart:{self.name}")
 
     async def _restart(self) -> None:
-        delay_s = 0.05
+        delay_s = _FIRST_RESTART_DELAY_S
         try:
             while True:
                 try:
@@ -369,21 +484,17 @@ class Replica:
                 except Exception:
                     logger.exception("%s: restart failed; retrying in %.1f s", self.name,
                                      delay_s)
-                    await asyncio.sleep(delay_s)
+                    await sleep_s(self._time, delay_s)
                     delay_s = min(2 * delay_s, _MAX_RESTART_DELAY_S)
                     continue
                 self.restarts += 1
                 logger.warning("%s: worker restarted; back in routing", self.name)
-                self._set_healthy(True)
+                self._healthy = True
+                if self._owner is not None:
+                    self._owner.restored(self)
                 return
         finally:
             self._restart_task = None
-
-    def _set_healthy(self, healthy: bool) -> None:
-        if healthy != self.healthy:
-            self.healthy = healthy
-            if self._on_health is not None:
-                self._on_health()
 
     def _complete(self, jobs: list[Job], num_samples: int, start_s: float,
                   result: BatchResult) -> None:
@@ -398,8 +509,8 @@ class Replica:
         # (priced through the ledger): those learn the device time.
         batch_s = device_s if self._max_in_flight > 1 or self._shares_device() \
             else max(device_s, now_s - start_s)
-        self.estimator.observe(num_samples, batch_s)
-        self.controller.update(self.estimator.fit, num_samples, batch_s)
+        self._estimator.observe(num_samples, batch_s)
+        self._controller.update(self._estimator.fit, num_samples, batch_s)
         stats = self.stats
         stats.busy.record(now_s - device_s, now_s)
         stats.num_batches += 1

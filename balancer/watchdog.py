@@ -9,12 +9,17 @@ when the deadline comes due it re-arms for ``settle_s``; if that timer in turn r
 than half of ``settle_s`` the loop was stalled again, and it re-arms once more. A hung worker is
 therefore caught ``settle_s`` after its deadline on a responsive loop (plus any stall), and an
 answer that arrived during a stall is read first.
+
+Its timers and its sense of lateness are those of the ``TimeSource`` it is given (the loop's
+by default), the same one that prices the batch it watches.
 """
 
 from __future__ import annotations
 
 import asyncio
 from types import TracebackType
+
+from evenflow.balancer.timebase import Cancellable, LoopTime, TimeSource
 
 SETTLE_S = 0.1
 
@@ -24,13 +29,15 @@ class Watchdog:
     deadline as described above; ``expired`` tells that apart from a ``TimeoutError`` the body
     raised itself."""
 
-    __slots__ = ("_handle", "_loop", "_settle_s", "_timeout", "_timeout_s")
+    __slots__ = ("_handle", "_loop", "_settle_s", "_time", "_timeout", "_timeout_s")
 
-    def __init__(self, timeout_s: float, settle_s: float = SETTLE_S) -> None:
+    def __init__(self, timeout_s: float, settle_s: float = SETTLE_S,
+                 time: TimeSource | None = None) -> None:
         self._timeout_s = timeout_s
         self._settle_s = settle_s
+        self._time = time
         self._timeout = asyncio.timeout(None)
-        self._handle: asyncio.TimerHandle | None = None
+        self._handle: Cancellable | None = None
 
     @property
     def expired(self) -> bool:
@@ -38,9 +45,11 @@ class Watchdog:
 
     async def __aenter__(self) -> Watchdog:
         self._loop = asyncio.get_running_loop()
+        if self._time is None:
+            self._time = LoopTime(self._loop.time)
         await self._timeout.__aenter__()
-        due_s = self._loop.time() + self._timeout_s
-        self._handle = self._loop.call_at(due_s, self._due, due_s, False)
+        due_s = self._time.clock() + self._timeout_s
+        self._handle = self._time.call_later(self._timeout_s, self._due, due_s, False)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -51,10 +60,12 @@ class Watchdog:
         await self._timeout.__aexit__(exc_type, exc, tb)
 
     def _due(self, due_s: float, settling: bool) -> None:
-        now_s = self._loop.time()
+        time = self._time
+        assert time is not None  # set on entry
+        now_s = time.clock()
         if settling and now_s - due_s <= self._settle_s / 2:
             self._handle = None
-            self._timeout.reschedule(now_s)  # cancels the task; __aexit__ raises TimeoutError
+            # Due now on the loop's own clock: cancels the task; __aexit__ raises TimeoutError.
+            self._timeout.reschedule(self._loop.time())
             return
-        settle_due_s = now_s + self._settle_s
-        self._handle = self._loop.call_at(settle_due_s, self._due, settle_due_s, True)
+        self._handle = time.call_later(self._settle_s, self._due, now_s + self._settle_s, True)

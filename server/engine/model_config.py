@@ -31,7 +31,7 @@ def model_config(model: ServedModel) -> mc.ModelConfig:
         output=[mc.ModelOutput(name=t.name, data_type=WIRE_TYPES[t.datatype].config_type,
                                dims=t.shape[1:]) for t in definition.outputs],
         instance_group=[mc.ModelInstanceGroup(name=r.name, count=1)
-                        for r in model.balancer.replicas],
+                        for r in model.balancer.snapshot().replicas],
         dynamic_batching=mc.ModelDynamicBatching(
             max_queue_delay_microseconds=round(config.max_wait_s * 1e6)),
         parameters={"evenflow_policy": mc.ModelParameter(string_value=config.policy.value)})

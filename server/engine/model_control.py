@@ -24,7 +24,6 @@ from typing import Any
 from evenflow.balancer import ModelBalancer, Worker
 from evenflow.balancer.errors import ErrorCode, EvenflowError
 from evenflow.balancer.ledger import DeviceLedger
-from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.engine.served import ModelTable, ServedModel
@@ -90,9 +89,7 @@ async def close_model(model: ServedModel, grace_s: float,
         logger.warning("model %s: %s; failing %d requests with UNAVAILABLE", model.name,
                        "shutdown forced" if abort is not None and abort.is_set()
                        else f"not drained within {grace_s:.1f} s", left)
-    await model.balancer.close()
-    for replica in model.balancer.replicas:
-        await replica.worker.close()
+    await model.balancer.close()  # closes its workers too
 
 
 class ModelManager:
@@ -220,16 +217,13 @@ class ModelManager:
         async with self._lock:
             self._devices = [d for d in self._devices if d.name != name]
             for model in list(self._table):
-                for replica in [r for r in model.balancer.replicas
-                                if tuple(r.worker.devices) == (name,)]:
-                    await model.balancer.remove_replica(replica)
-                    await replica.worker.close()
+                if await model.balancer.remove_device(name):
                     logger.info("model %s: replica on %s left", model.name, name)
 
     def lost_devices(self) -> set[str]:
         """Devices whose replicas are out of routing (a lost worker that has not come back)."""
-        return {device for model in self._table for replica in model.balancer.replicas
-                if not replica.healthy for device in replica.worker.devices}
+        return {device for model in self._table for replica in model.balancer.snapshot().replicas
+                if not replica.healthy for device in replica.devices}
 
     async def _warm_up(self, model: ModelConfig, definition: ModelDefinition,
                        workers: list[Worker]) -> float | None:
@@ -255,9 +249,8 @@ class ModelManager:
                                       self._placement())
         warmup_s = await self._warm_up(model, definition, workers)
         balancer = ModelBalancer(model_name=model.name, workers=workers, config=model.balancer,
-                                 on_health=self._on_health, ledger=self._ledger)
-        if cpu_accounting.enabled():
-            balancer.counters.cpu = CpuParts()
+                                 on_health=self._on_health, ledger=self._ledger,
+                                 count_cpu=cpu_accounting.enabled())
         balancer.start()
         return ServedModel(model.name, definition, balancer), warmup_s
 

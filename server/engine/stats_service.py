@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -76,11 +75,8 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
             raise InvalidRequest("speed must be > 0")
         previous: float | None = None
         for model in self._models:  # every model's worker (or pipeline stage) on that device
-            for replica in model.balancer.replicas:
-                worker = replica.worker
-                if request.device in worker.devices:
-                    with contextlib.suppress(KeyError):
-                        previous = await worker.set_device_speed(request.device, request.speed)
+            speed = await model.balancer.set_device_speed(request.device, request.speed)
+            previous = speed if speed is not None else previous
         if previous is None:
             raise DeviceNotFound(f"no simulated device named {request.device[:64]!r}")
         return ef.SetDeviceSpeedResponse(previous_speed=previous or 0.0)
@@ -90,14 +86,8 @@ class AdminServicer(ef_grpc.EvenflowAdminServicer):
                              context: grpc.aio.ServicerContext) -> ef.SetDeviceFaultResponse:
         found = False
         for model in self._models:  # every model's worker on that device
-            for replica in model.balancer.replicas:
-                worker = replica.worker
-                if request.device not in worker.devices:
-                    continue
-                try:
-                    await worker.set_device_fault(request.device, request.fault, request.count)
-                except KeyError:
-                    continue  # not a simulated device
+            if await model.balancer.set_device_fault(request.device, request.fault,
+                                                     request.count):
                 found = True
         if not found:
             raise DeviceNotFound(f"no simulated device named {request.device[:64]!r}")

@@ -18,7 +18,8 @@ from benchmarks.virtual_time import SimDevice, VirtualLoop
 from evenflow.balancer import BalancerConfig, ModelBalancer, Overloaded
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.server.config.deployment_file import ConfigError, load
-from tests.conftest import FakeClock, FakeWorker
+from tests.fakes import FakeWorker
+from tests.unit.balancer_fakes import BalancerFactory, FakeTime, settle
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -36,13 +37,13 @@ def test_the_default_budget_is_the_target_and_at_least_half_a_second() -> None:
         BalancerConfig(slo_s=0.02)  # batches sized for 50 ms would break a 20 ms SLO
 
 
-async def _fill(balancer: ModelBalancer, clock: FakeClock) -> tuple[list[float], str]:
+async def _fill(balancer: ModelBalancer, fake_time: FakeTime) -> tuple[list[float], str]:
     """Submit single samples to a busy replica until one is refused: the predicted finish of
     each admitted request, and the refusal's message."""
     replica = balancer.replicas[0]
     predicted_s: list[float] = []
     for _ in range(2000):
-        before_s = replica.load(clock()).work_s(1)
+        before_s = replica.load(fake_time()).work_s(1)
         try:
             balancer.submit("q", 1)
         except Overloaded as exc:
@@ -52,25 +53,23 @@ async def _fill(balancer: ModelBalancer, clock: FakeClock) -> tuple[list[float],
 
 
 @pytest.fixture
-async def make_gated(clock: FakeClock
+def fake_time() -> FakeTime:
+    return FakeTime()
+
+
+@pytest.fixture
+async def make_gated(fake_time: FakeTime
                      ) -> AsyncIterator[Callable[..., tuple[ModelBalancer, FakeWorker]]]:
-    made: list[tuple[ModelBalancer, FakeWorker]] = []
+    factory = BalancerFactory(fake_time)
 
     def make(base_s: float = 0.010, **overrides: object) -> tuple[ModelBalancer, FakeWorker]:
         worker = FakeWorker("w", base_s=base_s, per_sample_s=0.001, gated=True)
-        config = BalancerConfig(**{"max_wait_s": 0.0, "max_batch": 4,  # type: ignore[arg-type]
-                                   "adaptive_batching": False, **overrides})
-        balancer = ModelBalancer(model_name="m", workers=[worker], config=config, clock=clock,
-                                 rng=random.Random(0))
-        balancer.start()
-        made.append((balancer, worker))
+        balancer = factory([worker], **{"max_batch": 4, "adaptive_batching": False,
+                                        **overrides})
         return balancer, worker
 
     yield make
-    for balancer, worker in made:
-        while worker.num_waiting:
-            worker.release()
-        await balancer.close()
+    await factory.close()
 
 
 async def _measured(make: Callable[..., tuple[ModelBalancer, FakeWorker]], **overrides: object
@@ -78,51 +77,49 @@ async def _measured(make: Callable[..., tuple[ModelBalancer, FakeWorker]], **ove
     """A replica that has measured a batch and is busy with the next one."""
     balancer, worker = make(**overrides)
     first = balancer.submit("warm", 1)
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await settle()
     worker.release()
     await first
     balancer.submit("running", 1)
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await settle()
     return balancer
 
 
 async def test_by_default_a_request_is_queued_past_the_target_up_to_the_budget(
-        make_gated: Callable[..., tuple[ModelBalancer, FakeWorker]], clock: FakeClock) -> None:
+        make_gated: Callable[..., tuple[ModelBalancer, FakeWorker]], fake_time: FakeTime) -> None:
     balancer = await _measured(make_gated)
-    predicted_s, refusal = await _fill(balancer, clock)
+    predicted_s, refusal = await _fill(balancer, fake_time)
     assert "over the queueing budget of 500 ms" in refusal
     assert max(predicted_s) > 4 * balancer.config.latency_target_s  # queued, not refused
     # What was refused would have waited past the budget; nothing admitted was predicted to.
     replica = balancer.replicas[0]
-    assert replica.load(clock()).work_s(1) > 0.5
-    assert max(predicted_s) <= 0.5 + replica.estimator.predict_s(4)
+    assert replica.load(fake_time()).work_s(1) > 0.5
+    assert max(predicted_s) <= 0.5 + replica.predict_s(4)
     assert balancer.counters.rejected == {"queue_delay": 1}
 
 
 async def test_a_declared_slo_refuses_what_is_predicted_past_it(
-        make_gated: Callable[..., tuple[ModelBalancer, FakeWorker]], clock: FakeClock) -> None:
+        make_gated: Callable[..., tuple[ModelBalancer, FakeWorker]], fake_time: FakeTime) -> None:
     balancer = await _measured(make_gated, slo_s=0.05)
-    predicted_s, refusal = await _fill(balancer, clock)
+    predicted_s, refusal = await _fill(balancer, fake_time)
     assert "over its SLO of 50 ms" in refusal
     assert max(predicted_s) <= 0.05
-    assert balancer.replicas[0].load(clock()).work_s(1) > 0.05
+    assert balancer.replicas[0].load(fake_time()).work_s(1) > 0.05
     assert balancer.counters.rejected == {"latency_target": 1}
 
 
 async def test_the_default_budget_refuses_nothing_within_two_full_batches(
-        make_gated: Callable[..., tuple[ModelBalancer, FakeWorker]], clock: FakeClock) -> None:
+        make_gated: Callable[..., tuple[ModelBalancer, FakeWorker]], fake_time: FakeTime) -> None:
     # 300 ms a batch of at most 4: a queue of 8 samples is predicted to wait ~600 ms, over
     # the budget, but two full batches per replica are what a closed loop of 8 keeps queued.
     balancer = await _measured(make_gated, base_s=0.300)
-    predicted_s, refusal = await _fill(balancer, clock)
+    predicted_s, refusal = await _fill(balancer, fake_time)
     assert len(predicted_s) == 2 * 4  # queued behind the running batch
     assert max(predicted_s) > 0.5
     assert "over the queueing budget of 500 ms" in refusal
     # An operator's own budget is kept to the letter.
     strict = await _measured(make_gated, base_s=0.300, max_queue_delay_s=0.5)
-    admitted, _ = await _fill(strict, clock)
+    admitted, _ = await _fill(strict, fake_time)
     assert len(admitted) < 2 * 4
 
 

@@ -1,7 +1,8 @@
-"""ModelBalancer and Replica mechanics with hand-written fake workers and a fake clock.
+"""ModelBalancer and Replica mechanics with hand-written fake workers on a fake time source.
 
-Progress is gated by the fake workers (a batch finishes when the test releases it), never by
-sleeping; ``settle`` only lets already-runnable callbacks run.
+Progress is gated by the fake workers (a batch finishes when the test releases it) and by the
+fake clock (a wait ends when the test advances it), never by sleeping; ``settle`` only lets
+already-runnable callbacks run. The balancers use the server's wait values.
 """
 
 from __future__ import annotations
@@ -9,8 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -25,41 +25,31 @@ from evenflow.balancer import (
     Policy,
     ShuttingDown,
 )
+from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.replica import Replica
-from tests.conftest import FakeClock, FakeWorker
+from evenflow.balancer.watchdog import SETTLE_S
+from tests.fakes import FakeWorker
+from tests.unit.balancer_fakes import BalancerFactory, FakeTime, seed_fit, settle
 
 pytestmark = pytest.mark.timeout(10)
 
-
-async def settle(rounds: int = 20) -> None:
-    for _ in range(rounds):
-        await asyncio.sleep(0)
+MAX_WAIT_S = BalancerConfig().max_wait_s  # the server's: a forming batch waits this long
 
 
 @pytest.fixture
-async def make_balancer(clock: FakeClock) -> AsyncIterator[Callable[..., ModelBalancer]]:
-    made: list[ModelBalancer] = []
-
-    def make(workers: list[FakeWorker], **overrides: object) -> ModelBalancer:
-        config = BalancerConfig(**{"max_wait_s": 0.0, **overrides})  # type: ignore[arg-type]
-        balancer = ModelBalancer(model_name="m", workers=workers, config=config, clock=clock,
-                                 rng=random.Random(0))
-        balancer.start()
-        made.append(balancer)
-        return balancer
-
-    yield make
-    for balancer in made:
-        for replica in balancer.replicas:
-            worker = replica.worker
-            while isinstance(worker, FakeWorker) and worker.num_waiting:
-                worker.release()
-        await balancer.close()
-        # Teardown invariant: no replica loop survives close.
-        assert all(r._task is None for r in balancer.replicas)
+def fake_time() -> FakeTime:
+    return FakeTime()
 
 
-async def test_batches_form_up_to_batch_size_while_the_worker_is_busy(make_balancer) -> None:
+@pytest.fixture
+async def make_balancer(fake_time: FakeTime) -> AsyncIterator[BalancerFactory]:
+    factory = BalancerFactory(fake_time)
+    yield factory
+    await factory.close()
+
+
+async def test_batches_form_up_to_batch_size_while_the_worker_is_busy(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     worker = FakeWorker("w", gated=True)
     balancer = make_balancer([worker], adaptive_batching=False, max_batch=4)
     futures = [balancer.submit(0, 1)]
@@ -73,19 +63,24 @@ async def test_batches_form_up_to_batch_size_while_the_worker_is_busy(make_balan
     assert worker.batches == [[1], [1, 1, 1, 1]]
     worker.release()
     await settle()
+    # The last one was left forming while the batch of four was being answered: it waits out
+    # the max wait for batch mates, then runs alone.
+    assert worker.batches == [[1], [1, 1, 1, 1]]
+    fake_time.advance(MAX_WAIT_S)
+    await settle()
     worker.release()
     await settle()
     assert worker.batches == [[1], [1, 1, 1, 1], [1]]
     assert [f.result() for f in futures] == [("out", i) for i in range(6)]
 
 
-async def test_expired_jobs_are_dropped_not_run(make_balancer, clock: FakeClock) -> None:
+async def test_expired_jobs_are_dropped_not_run(make_balancer, fake_time: FakeTime) -> None:
     worker = FakeWorker("w", gated=True)
     balancer = make_balancer([worker], adaptive_batching=False, max_batch=8)
     first = balancer.submit("a", 1)
     await settle()
-    late = balancer.submit("b", 1, deadline_s=clock() + 0.01)
-    clock.advance(0.02)
+    late = balancer.submit("b", 1, deadline_s=fake_time() + 0.01)
+    fake_time.advance(0.02)
     worker.release()
     await settle()
     assert first.result() == ("out", "a")
@@ -111,11 +106,11 @@ async def test_cancelled_jobs_are_dropped_not_run(make_balancer) -> None:
 
 
 async def test_admission_rejects_expired_oversize_and_overload(make_balancer,
-                                                               clock: FakeClock) -> None:
+                                                               fake_time: FakeTime) -> None:
     worker = FakeWorker("w", gated=True)
     balancer = make_balancer([worker], max_batch=4, max_queued_requests=2)
     with pytest.raises(DeadlineExceeded):
-        balancer.submit("x", 1, deadline_s=clock())
+        balancer.submit("x", 1, deadline_s=fake_time())
     with pytest.raises(InvalidRequest, match="exceeds max batch size 4"):
         balancer.submit("x", 5)
     balancer.submit("running", 1)
@@ -160,7 +155,7 @@ async def test_out_of_memory_splits_the_batch_and_lowers_the_cap(make_balancer) 
         await settle()
     assert worker.batches[1:] == [[1, 1, 1, 1], [1, 1], [1, 1]]
     assert [f.result() for f in futures] == [("out", i) for i in range(4)]
-    assert balancer.replicas[0].controller.cap == 2
+    assert balancer.snapshot().replicas[0].batch_size == 2  # the cap halved
 
 
 async def test_drain_waits_for_admitted_work_then_refuses_new(make_balancer) -> None:
@@ -185,7 +180,8 @@ async def test_round_robin_alternates(make_balancer) -> None:
     assert sum(len(b) for b in workers[0].batches) == sum(len(b) for b in workers[1].batches)
 
 
-async def test_shared_queue_lets_any_free_replica_take_the_next_batch(make_balancer) -> None:
+async def test_shared_queue_lets_any_free_replica_take_the_next_batch(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
     balancer = make_balancer(workers, policy=Policy.SHARED_QUEUE, adaptive_batching=False,
                              max_batch=2)
@@ -195,18 +191,14 @@ async def test_shared_queue_lets_any_free_replica_take_the_next_batch(make_balan
     assert workers[0].num_waiting == 1 and workers[1].num_waiting == 1
     workers[1].release()
     await settle()
+    fake_time.advance(MAX_WAIT_S)  # the one left waits out the max wait for a batch mate
+    await settle()
     assert workers[1].num_waiting == 1  # b took the next batch while a is still busy
     for w in workers:
         while w.num_waiting:
             w.release()
             await settle()
     assert all(f.done() for f in futures)
-
-
-def seed_fit(balancer: ModelBalancer, index: int, base_s: float, per_sample_s: float) -> None:
-    estimator = balancer.replicas[index].estimator
-    for size in (1, 2, 4, 8, 16, 3, 6, 12, 24):
-        estimator.observe(size, base_s + per_sample_s * size)
 
 
 async def test_least_work_sends_more_to_the_faster_replica(make_balancer) -> None:
@@ -217,7 +209,7 @@ async def test_least_work_sends_more_to_the_faster_replica(make_balancer) -> Non
     seed_fit(balancer, 1, 0.008, 0.002)  # 4x slower
     for i in range(40):
         balancer.submit(i, 1)
-    loads = [len(r.queue) + r.load(0.0).running_requests for r in balancer.replicas]
+    loads = [r.queued_requests + r.load(0.0).running_requests for r in balancer.replicas]
     assert loads[0] > 2.5 * loads[1]
     # Both replicas finish their share at about the same predicted time.
     works = [r.load(1000.0).work_s() for r in balancer.replicas]
@@ -238,6 +230,9 @@ async def two_busy_replicas(make_balancer) -> AsyncIterator[tuple[ModelBalancer,
     other = next(r for r in balancer.replicas if r is not runner)
     other_first = balancer.submit("other", 1)  # least work: goes to the idle one
     await settle()
+    make_balancer.time.advance(MAX_WAIT_S)  # no batch mate came: it runs alone
+    await settle()
+    assert other.worker.num_waiting == 1  # type: ignore[attr-defined]
     yield balancer, runner, other
     for r in balancer.replicas:
         while r.worker.num_waiting:  # type: ignore[attr-defined]
@@ -250,26 +245,26 @@ async def two_busy_replicas(make_balancer) -> AsyncIterator[tuple[ModelBalancer,
 async def test_idle_replica_steals_queued_work_from_the_busiest(make_balancer) -> None:
     async with two_busy_replicas(make_balancer) as (balancer, runner, other):
         for i in range(8):  # queued directly on the runner: a mis-route the balancer must fix
-            runner.queue.push(_job(balancer, i))
+            runner.enqueue(_job(balancer, i))
         other.worker.release()  # type: ignore[attr-defined]
         await settle()
         assert other.stats.num_stolen_requests == 4
         assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
-        assert len(runner.queue) == 4
+        assert runner.queued_requests == 4
 
 
 async def test_a_batch_starting_with_room_takes_work_queued_on_a_busier_replica(
         make_balancer) -> None:
     async with two_busy_replicas(make_balancer) as (balancer, runner, other):
         for i in range(6):  # queued on the running replica: bound there when they arrived
-            runner.queue.push(_job(balancer, i))
-        other.queue.push(_job(balancer, "own"))  # the other replica has one of its own queued
+            runner.enqueue(_job(balancer, i))
+        other.enqueue(_job(balancer, "own"))  # the other replica has one of its own queued
         other.worker.release()  # type: ignore[attr-defined]
         await settle()
         # Its next batch starts with room for 3 more: they come from the busier replica's tail.
         assert other.worker.batches[-1] == [1, 1, 1, 1]  # type: ignore[attr-defined]
         assert other.stats.num_stolen_requests == 3
-        assert len(runner.queue) == 3
+        assert runner.queued_requests == 3
 
 
 def _job(balancer: ModelBalancer, payload: object):
@@ -282,13 +277,13 @@ async def test_partial_batch_passed_over_by_the_router_runs_without_waiting(
         make_balancer) -> None:
     workers = [FakeWorker(name, gated=True) for name in ("a", "b", "c")]
     # A long max wait: only the early close can start the forming batch within this test.
-    balancer = make_balancer(workers, max_wait_s=3600.0, max_batch=8, work_stealing=False,
+    balancer = make_balancer(workers, max_batch=8, work_stealing=False,
                              adaptive_batching=False)
     balancer.submit("busy", 1)  # runs alone at once: nothing else was in flight
     await settle()
     balancer.submit("first", 1)  # an idle replica; it waits to fill, as "busy" is in flight
     await settle()
-    forming = next(r for r in balancer.replicas if len(r.queue))
+    forming = next(r for r in balancer.replicas if r.queued_requests)
     assert forming.forming and not forming.worker.batches  # type: ignore[attr-defined]
     balancer.submit("second", 1)  # least work: the third, empty replica
     await settle()
@@ -298,14 +293,14 @@ async def test_partial_batch_passed_over_by_the_router_runs_without_waiting(
 
 async def test_a_lone_request_does_not_wait_for_batch_mates(make_balancer) -> None:
     worker = FakeWorker("w", gated=True)
-    balancer = make_balancer([worker], max_wait_s=3600.0, max_batch=8, adaptive_batching=False)
+    balancer = make_balancer([worker], max_batch=8, adaptive_batching=False)
     balancer.submit("only", 1)
     await settle()
     assert worker.batches == [[1]]
 
 
 async def test_a_more_urgent_request_runs_before_older_less_urgent_ones(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     worker = FakeWorker("w", gated=True)
     balancer = make_balancer([worker], priority_levels=3, max_batch=2, adaptive_batching=False)
     first = balancer.submit("first", 1)  # starts at once, alone
@@ -334,7 +329,7 @@ def test_priorities_outside_the_levels_are_refused() -> None:
         BalancerConfig(priority_levels=2, default_priority_level=3)
 
 
-async def measured_balancer(make_balancer: Callable[..., ModelBalancer], **overrides: object
+async def measured_balancer(make_balancer: BalancerFactory, **overrides: object
                             ) -> tuple[ModelBalancer, FakeWorker]:
     """One gated replica that has measured a batch (so admission has a prediction)."""
     worker = FakeWorker("w", base_s=0.010, per_sample_s=0.001, gated=True)
@@ -347,35 +342,35 @@ async def measured_balancer(make_balancer: Callable[..., ModelBalancer], **overr
 
 
 async def test_admission_refuses_what_is_predicted_to_miss_a_declared_slo(
-        make_balancer: Callable[..., ModelBalancer], clock: FakeClock) -> None:
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     balancer, _ = await measured_balancer(make_balancer, latency_target_s=0.05, slo_s=0.05)
     replica = balancer.replicas[0]
     admitted = 0
     with pytest.raises(Overloaded, match="over its SLO of 50 ms"):
         for _ in range(100):
-            predicted_s = replica.load(clock()).work_s(1)
+            predicted_s = replica.load(fake_time()).work_s(1)
             balancer.submit("q", 1)
             admitted += 1
             assert predicted_s <= 0.05
-    assert replica.load(clock()).work_s(1) > 0.05  # the refused one would have been late
+    assert replica.load(fake_time()).work_s(1) > 0.05  # the refused one would have been late
     assert admitted >= 4  # at least a batch's worth fits in the target
     assert balancer.counters.rejected == {"latency_target": 1}
 
 
 async def test_admission_refuses_what_is_predicted_to_miss_its_own_deadline(
-        make_balancer: Callable[..., ModelBalancer], clock: FakeClock) -> None:
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     balancer, _ = await measured_balancer(make_balancer, max_queue_delay_s=math.inf)
     balancer.submit("running", 1)
     await settle()
-    predicted_s = balancer.replicas[0].load(clock()).work_s(1)
+    predicted_s = balancer.replicas[0].load(fake_time()).work_s(1)
     with pytest.raises(Overloaded, match="after the request's deadline"):
-        balancer.submit("late", 1, deadline_s=clock() + 0.9 * predicted_s)
-    balancer.submit("in time", 1, deadline_s=clock() + 1.1 * predicted_s)
+        balancer.submit("late", 1, deadline_s=fake_time() + 0.9 * predicted_s)
+    balancer.submit("in time", 1, deadline_s=fake_time() + 1.1 * predicted_s)
     assert balancer.counters.rejected == {"deadline": 1}
 
 
 async def test_a_queueing_budget_refuses_requests_that_would_wait_too_long(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     balancer, _ = await measured_balancer(make_balancer, max_queue_delay_s=0.0)
     balancer.submit("starts at once", 1)  # an idle replica: no wait
     await settle()
@@ -385,7 +380,7 @@ async def test_a_queueing_budget_refuses_requests_that_would_wait_too_long(
 
 
 async def test_a_cancelled_request_gives_its_queue_slot_back(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     worker = FakeWorker("w", gated=True)
     balancer = make_balancer([worker], max_queued_requests=2, max_queue_delay_s=math.inf)
     balancer.submit("running", 1)
@@ -399,7 +394,7 @@ async def test_a_cancelled_request_gives_its_queue_slot_back(
 
 
 async def test_a_dead_worker_has_its_batch_rerun_elsewhere_and_is_restarted(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     from evenflow.balancer import WorkerLost
 
     dying = FakeWorker("dying", fail_with=[WorkerLost("thread exited")])
@@ -417,19 +412,28 @@ async def test_a_dead_worker_has_its_batch_rerun_elsewhere_and_is_restarted(
 
 
 async def test_a_hung_worker_is_caught_by_the_watchdog(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     hung = FakeWorker("hung", gated=True)
     healthy = FakeWorker("healthy")
-    balancer = make_balancer([hung, healthy], policy=Policy.ROUND_ROBIN, watchdog_s=0.05)
+    balancer = make_balancer([hung, healthy], policy=Policy.ROUND_ROBIN)
     answer = balancer.submit("a", 1)
-    assert await asyncio.wait_for(answer, 5) == ("out", "a")
-    assert hung.batches == [[1]] and healthy.batches == [[1]]
     await settle()
+    # A cold replica's first batch is allowed the whole watchdog_s (30 s by default).
+    fake_time.advance(balancer.config.watchdog_s - 0.001)
+    await settle()
+    assert not answer.done() and all(r.healthy for r in balancer.replicas)
+    fake_time.advance(0.001)  # due: the watchdog now checks that the loop runs on time
+    await settle()
+    assert not answer.done()
+    fake_time.advance(SETTLE_S)  # it did: the worker is hung
+    await settle()
+    assert answer.result() == ("out", "a")  # re-run on the healthy replica
+    assert hung.batches == [[1]] and healthy.batches == [[1]]
     assert hung.restarted == 1 and all(r.healthy for r in balancer.replicas)
 
 
 async def test_a_request_whose_workers_are_lost_twice_fails_unavailable(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     from evenflow.balancer import ErrorCode, WorkerLost
 
     workers = [FakeWorker(f"w{i}", fail_with=[WorkerLost("died")]) for i in range(2)]
@@ -441,7 +445,7 @@ async def test_a_request_whose_workers_are_lost_twice_fails_unavailable(
 
 
 async def test_with_no_replica_in_service_requests_hear_unavailable(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     from evenflow.balancer import ErrorCode, WorkerLost
 
     class Unrestartable(FakeWorker):
@@ -462,7 +466,7 @@ async def test_with_no_replica_in_service_requests_hear_unavailable(
 
 
 async def test_a_request_with_a_tight_deadline_runs_before_older_ones(
-        make_balancer: Callable[..., ModelBalancer], clock: FakeClock) -> None:
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     # Earliest deadline first within a level: a request without a deadline is due at its
     # arrival plus the latency target (50 ms), so one due in 10 ms goes ahead of older ones.
     worker = FakeWorker("w", gated=True)
@@ -470,7 +474,7 @@ async def test_a_request_with_a_tight_deadline_runs_before_older_ones(
     first = balancer.submit("first", 1)
     await settle()
     older = [balancer.submit(f"older{i}", 1) for i in range(2)]
-    tight = balancer.submit("tight", 1, deadline_s=clock() + 0.010)
+    tight = balancer.submit("tight", 1, deadline_s=fake_time() + 0.010)
     worker.release()
     await settle()
     assert first.done() and not tight.done()
@@ -484,7 +488,7 @@ async def test_a_request_with_a_tight_deadline_runs_before_older_ones(
 
 
 async def test_late_binding_moves_jobs_a_faster_replica_now_finishes_sooner(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     slow = FakeWorker("slow", gated=True, base_s=0.050, per_sample_s=0.0005)
     fast = FakeWorker("fast", gated=True, base_s=0.002, per_sample_s=0.0005)
     balancer = make_balancer([slow, fast], adaptive_batching=False, max_batch=4,
@@ -495,16 +499,16 @@ async def test_late_binding_moves_jobs_a_faster_replica_now_finishes_sooner(
     busy = [balancer.submit("one", 1)]  # runs on the fast replica
     placed = _job(balancer, "placed")
     placed.rebound = True  # already moved once: it stays on the slow replica and runs there
-    slow_replica.queue.push(placed)
+    slow_replica.enqueue(placed)
     busy.append(placed.future)
     await settle()
     assert slow.num_waiting == fast.num_waiting == 1
     for i in range(3):  # bound to the slow replica when they arrived (a mis-route)
-        slow_replica.queue.push(_job(balancer, i))
+        slow_replica.enqueue(_job(balancer, i))
     slow.release()  # the slow one is about to start them: each finishes sooner on the other
     await settle()
     assert balancer.counters.rebound == 3
-    assert len(fast_replica.queue) == 3 and not len(slow_replica.queue)
+    assert fast_replica.queued_requests == 3 and not slow_replica.queued_requests
     assert slow.batches == [[1]]  # nothing more started there
     while fast.num_waiting:
         fast.release()
@@ -514,7 +518,7 @@ async def test_late_binding_moves_jobs_a_faster_replica_now_finishes_sooner(
 
 
 async def test_late_binding_keeps_jobs_that_finish_soonest_where_they_are(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     workers = [FakeWorker("a", gated=True, base_s=0.002, per_sample_s=0.0005),
                FakeWorker("b", gated=True, base_s=0.050, per_sample_s=0.0005)]
     balancer = make_balancer(workers, adaptive_batching=False, max_batch=4, work_stealing=False)
@@ -524,14 +528,14 @@ async def test_late_binding_keeps_jobs_that_finish_soonest_where_they_are(
     for replica, worker in ((slow, workers[1]), (fast, workers[0])):
         job = _job(balancer, replica.name)
         job.rebound = True  # placed: each runs one batch where it is
-        replica.queue.push(job)
+        replica.enqueue(job)
         await settle()
         if replica is slow:  # the slow one has now measured itself just now: idle, not stale
             worker.release()
             await job.future
     first = job.future
     for i in range(3):
-        fast.queue.push(_job(balancer, i))
+        fast.enqueue(_job(balancer, i))
     workers[0].release()
     await settle()
     assert balancer.counters.rebound == 0 and workers[0].batches[1] == [1, 1, 1]
@@ -539,29 +543,24 @@ async def test_late_binding_keeps_jobs_that_finish_soonest_where_they_are(
     await first
 
 
-async def test_models_sharing_a_device_see_each_others_work(clock: FakeClock) -> None:
-    from evenflow.balancer.ledger import DeviceLedger
-
+async def test_models_sharing_a_device_see_each_others_work(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     ledger = DeviceLedger()
     balancers = []
     for model in ("a", "b"):
         workers = [FakeWorker(f"{model}{i}", gated=True, devices=(f"dev{i}",)) for i in (0, 1)]
-        balancer = ModelBalancer(model_name=model, workers=workers, clock=clock,
-                                 config=BalancerConfig(max_wait_s=0.0, adaptive_batching=False,
-                                                       max_batch=4, work_stealing=False),
-                                 rng=random.Random(0), ledger=ledger)
-        balancer.start()
+        balancer = make_balancer(workers, model_name=model, ledger=ledger,
+                                 adaptive_batching=False, max_batch=4, work_stealing=False)
         for index in (0, 1):
             seed_fit(balancer, index, 0.010, 0.001)
         balancers.append(balancer)
     a, b = balancers
-    busy = [a.replicas[0].worker, a.replicas[1].worker]
     for i in range(12):  # model a's work, all placed on dev0
-        a.replicas[0].queue.push(_job(a, i))
+        a.replicas[0].enqueue(_job(a, i))
     await settle()
-    assert a.replicas[0].load(clock()).work_s() > 0.04
+    assert a.replicas[0].load(fake_time()).work_s() > 0.04
     # Model b's replica on dev0 holds nothing of its own, but its device is busy with a's work.
-    assert b.replicas[0].load(clock()).work_s() >= a.replicas[0].own_load(clock()).work_s()
+    assert b.replicas[0].load(fake_time()).work_s() >= a.replicas[0].own_load(fake_time()).work_s()
     futures = [b.submit(f"b{i}", 1) for i in range(4)]
     await settle()
     assert not b.replicas[0].worker.batches  # type: ignore[attr-defined]
@@ -571,36 +570,29 @@ async def test_models_sharing_a_device_see_each_others_work(clock: FakeClock) ->
             while replica.worker.num_waiting:  # type: ignore[attr-defined]
                 replica.worker.release()  # type: ignore[attr-defined]
                 await settle()
-        await balancer.close()
-    assert all(f.done() for f in futures) and busy
+    await make_balancer.close()
+    assert all(f.done() for f in futures)
     assert not ledger._by_device  # closing the balancers took their replicas out
 
 
 async def test_a_cold_replica_on_a_shared_device_does_not_make_it_look_infinitely_busy(
-        clock: FakeClock) -> None:
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     # A replica that has not measured a batch prices its own work as unknown (infinite) while
     # it runs its probe batch; to the other model on that device it counts nothing, so the
     # other model's prices, batch sizes and admission stay finite.
-    from evenflow.balancer.ledger import DeviceLedger
-
     ledger = DeviceLedger()
     cold_worker = FakeWorker("cold", gated=True, devices=("dev0",))
-    cold = ModelBalancer(model_name="cold", workers=[cold_worker], clock=clock,
-                         config=BalancerConfig(max_wait_s=0.0), ledger=ledger)
-    warm = ModelBalancer(model_name="warm", workers=[FakeWorker("warm", devices=("dev0",))],
-                         clock=clock, config=BalancerConfig(max_wait_s=0.0), ledger=ledger)
-    for balancer in (cold, warm):
-        balancer.start()
+    cold = make_balancer([cold_worker], model_name="cold", ledger=ledger)
+    warm = make_balancer([FakeWorker("warm", devices=("dev0",))], model_name="warm",
+                         ledger=ledger)
     seed_fit(warm, 0, 0.010, 0.001)
     probe = cold.submit("probe", 1)
     await settle()
-    assert math.isinf(cold.replicas[0].own_load(clock()).work_s(1))
-    assert math.isfinite(warm.replicas[0].load(clock()).work_s(1))
+    assert math.isinf(cold.replicas[0].own_load(fake_time()).work_s(1))
+    assert math.isfinite(warm.replicas[0].load(fake_time()).work_s(1))
     assert await warm.submit("x", 1) == ("out", "x")
     cold_worker.release()
     await probe
-    for balancer in (cold, warm):
-        await balancer.close()
 
 
 async def test_an_added_replica_takes_work_at_once(make_balancer) -> None:
@@ -630,7 +622,7 @@ async def test_a_removed_replica_hands_its_queue_over_and_finishes_its_batch(
     futures = [balancer.submit(i, 1) for i in range(4)]  # 0, 2 -> leaving; 1, 3 -> staying
     await settle()
     assert leaving.batches == [[1]] and staying.batches == [[1]]
-    removal = asyncio.create_task(balancer.remove_replica(balancer.replicas[0]))
+    removal = asyncio.create_task(balancer.remove_device("leaving"))
     await settle()
     assert not removal.done()  # its running batch is not finished yet
     leaving.release()  # request 0 finishes where it ran

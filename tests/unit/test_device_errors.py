@@ -5,28 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 import torch
 
 from evenflow.balancer import (
-    BalancerConfig,
     BatchFailed,
+    DeviceLost,
     ErrorCode,
     Job,
-    ModelBalancer,
     OutOfMemory,
     Policy,
     WorkerLost,
 )
-from evenflow.balancer.errors import DeviceLost
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
 from evenflow.server.processes.ipc.errors import from_wire, to_wire
 from evenflow.server.workers.device_errors import classify_device_error
-from tests.conftest import FakeClock, FakeWorker
+from tests.fakes import FakeWorker
+from tests.unit.balancer_fakes import BalancerFactory, FakeTime, answered, settle
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -79,28 +77,11 @@ def test_device_lost_crosses_a_process_boundary_as_itself() -> None:
     assert type(error) is DeviceLost and str(error) == "device lost on cuda:0"
 
 
-async def settle(rounds: int = 20) -> None:
-    for _ in range(rounds):
-        await asyncio.sleep(0)
-
-
 @pytest.fixture
-async def make_balancer(clock: FakeClock) -> AsyncIterator[Callable[..., ModelBalancer]]:
-    made: list[ModelBalancer] = []
-
-    def make(workers: list[FakeWorker], **overrides: object) -> ModelBalancer:
-        config = BalancerConfig(**{"max_wait_s": 0.0, **overrides})  # type: ignore[arg-type]
-        balancer = ModelBalancer(model_name="m", workers=workers, config=config, clock=clock,
-                                 rng=random.Random(0))
-        balancer.start()
-        made.append(balancer)
-        return balancer
-
-    yield make
-    for balancer in made:
-        await balancer.drain()
-        await balancer.close()
-        assert all(r._task is None for r in balancer.replicas)
+async def make_balancer() -> AsyncIterator[BalancerFactory]:
+    factory = BalancerFactory(FakeTime())
+    yield factory
+    await factory.close()
 
 
 class ProcessLikeWorker(FakeWorker):
@@ -111,7 +92,7 @@ class ProcessLikeWorker(FakeWorker):
 
 @pytest.mark.parametrize("policy", [Policy.ROUND_ROBIN, Policy.SHARED_QUEUE])
 async def test_a_lost_device_reroutes_its_batch_and_takes_no_more(
-        make_balancer: Callable[..., ModelBalancer], policy: Policy) -> None:
+        make_balancer: BalancerFactory, policy: Policy) -> None:
     poisoned = FakeWorker("cuda0", fail_with=[DeviceLost("device lost on cuda:0: "
                                                           "device-side assert triggered")])
     other = FakeWorker("cpu0")
@@ -119,10 +100,10 @@ async def test_a_lost_device_reroutes_its_batch_and_takes_no_more(
     states: list[bool] = []
     balancer._on_health = lambda: states.append(balancer.serving)
     first = balancer.submit("a", 1)  # round-robin (and the idle shared queue) start on cuda0
-    assert await first == ("out", "a")  # re-run on cpu0
+    assert await answered(make_balancer.time, first) == [("out", "a")]  # re-run on cpu0
     assert poisoned.batches == [[1]] and other.batches == [[1]]
     answers = [balancer.submit(f"r{i}", 1) for i in range(6)]
-    assert await asyncio.gather(*answers) == [("out", f"r{i}") for i in range(6)]
+    assert await answered(make_balancer.time, *answers) == [("out", f"r{i}") for i in range(6)]
     await settle()
     assert poisoned.batches == [[1]]  # never fed again
     assert poisoned.restarted == 0  # no restart into the same poisoned context
@@ -134,7 +115,7 @@ async def test_a_lost_device_reroutes_its_batch_and_takes_no_more(
 
 
 async def test_a_lost_device_on_the_only_replica_leaves_the_model_not_serving(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     only = FakeWorker("cuda0", fail_with=[DeviceLost("device lost on cuda:0")])
     balancer = make_balancer([only])
     with pytest.raises(WorkerLost, match="no other replica is in service"):
@@ -146,7 +127,7 @@ async def test_a_lost_device_on_the_only_replica_leaves_the_model_not_serving(
 
 
 async def test_a_worker_that_renews_its_device_is_restarted_and_back_in_routing(
-        make_balancer: Callable[..., ModelBalancer]) -> None:
+        make_balancer: BalancerFactory) -> None:
     process = ProcessLikeWorker("cuda0", fail_with=[DeviceLost("device lost on cuda:0")])
     other = FakeWorker("cpu0")
     balancer = make_balancer([process, other], policy=Policy.ROUND_ROBIN)
@@ -156,7 +137,7 @@ async def test_a_worker_that_renews_its_device_is_restarted_and_back_in_routing(
     replica = balancer.replicas[0]
     assert replica.healthy and replica.unusable_reason == ""
     answers = [balancer.submit(f"r{i}", 1) for i in range(4)]
-    await asyncio.gather(*answers)
+    await answered(make_balancer.time, *answers)
     assert len(process.batches) > 1  # in routing again
 
 

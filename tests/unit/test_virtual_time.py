@@ -114,9 +114,9 @@ def test_under_overload_batches_grow_and_admission_sheds_the_rest(loop: VirtualL
     assert percentile(latencies_s, 0.99) <= SLO_S
     # Batches run larger than the worst-case size (7 on a speed-1 device) when the oldest
     # request has time left: the live size.
-    fast = balancer.replicas[0]
-    assert fast.controller.batch_size == 7
-    assert max(fast.stats.batch_size_counts) > 7
+    fast = balancer.snapshot().replicas[0]
+    assert fast.batch_size == 7
+    assert max(fast.batch_size_counts) > 7
 
 
 def test_models_sharing_a_device_learn_its_time_not_their_wait_for_it(
@@ -142,7 +142,7 @@ def test_models_sharing_a_device_learn_its_time_not_their_wait_for_it(
             with contextlib.suppress(Overloaded):
                 pending.append(balancers[rng.randrange(2)].submit(None, 1))
         await asyncio.gather(*pending)
-        fits = [b.replicas[0].estimator.fit.base_s for b in balancers]
+        fits = [b.snapshot().replicas[0].fit_base_s for b in balancers]
         for balancer in balancers:
             await balancer.close()
         return fits

@@ -146,8 +146,11 @@ async def test_models_warm_up_before_ready_and_the_balancer_counts_none_of_it(
         counters = served.balancer.counters
         assert counters.inference_count == 0 and counters.execution_count == 0
         assert not counters.batches
-        for replica in served.balancer.replicas:
-            assert replica.stats.num_batches == 0 and not replica.estimator.observed
+        config = served.balancer.config
+        for replica in served.balancer.snapshot().replicas:  # the fit is still the prior
+            assert replica.num_batches == 0
+            assert (replica.fit_base_s, replica.fit_per_sample_s) == (config.prior_base_s,
+                                                                      config.prior_per_sample_s)
         warmup_s = dict(manager.index())["m"].warmup_s
         assert warmup_s is not None and warmup_s > 0
         output = await served.submit([np.ones((1, 4), np.float32)], 1)
@@ -191,7 +194,7 @@ async def test_a_joining_device_is_warmed_up_before_it_takes_requests(
     try:
         await manager.add_device(DeviceSpec("cpu", 1, "cpu1"))
         assert [w.batches for w in counting] == [[1, 8], [1, 8]]
-        assert all(r.stats.num_batches == 0 for r in table.get("m").balancer.replicas)
+        assert all(r.num_batches == 0 for r in table.get("m").balancer.snapshot().replicas)
     finally:
         await manager.close(grace_s=1.0)
 
