@@ -3,8 +3,10 @@ a ZeroMQ PAIR socket (``ipc.worker_messages``); to the balancer it is a Worker l
 
 A batch crosses once each way: one multipart message with every job's input arrays as raw
 frames, one back with every output. The process is started with ``python -m`` (never forked
-from a process that has CUDA or gRPC state); it reads its ``WorkerSpec`` from stdin and treats
-stdin's end as the engine's death. It ignores SIGINT/SIGTERM: the engine decides when it stops.
+from a process that has CUDA or gRPC state) by ``supervisor.Child``, so a process that dies
+while starting is reported with its exit code and the end of its stderr; it reads its
+``WorkerSpec`` from stdin and treats stdin's end as the engine's death. It ignores
+SIGINT/SIGTERM: the engine decides when it stops.
 
 When the process dies (``kill -9``, a segfault) every batch it had fails with ``WorkerLost`` at
 once, and the replica re-runs them elsewhere and calls ``restart``; a hung process (the
