@@ -1,0 +1,327 @@
+"""EdgeServicer alone: a hand-written model directory and servicer context, no gRPC server. What
+goes in is a request message; what comes out is the response, or the status the call aborts
+with, and what the failure count hears."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+
+from evenflow.balancer import ModelNotFound, Overloaded
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.server.edge.decoding import Undecodable
+from evenflow.server.edge.servicer import EdgeServicer
+from evenflow.server.models.spec import Padding, TensorSpec
+from tests.fakes import Aborted, FakeContext
+
+pytestmark = pytest.mark.timeout(10)
+
+_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Specs:
+    """A model's tensor specs as the edge reads them: ``x`` in, ``y`` out, both [-1, 4] FP32."""
+
+    inputs: Sequence[TensorSpec] = (TensorSpec("x", "FP32", (-1, 4)),)
+    outputs: Sequence[TensorSpec] = (TensorSpec("y", "FP32", (-1, 4)),)
+    padding: Padding | None = None
+    variable_shapes: bool = False
+
+
+@dataclass
+class Submitted:
+    """One request as the model received it, and the answer the test gives it."""
+
+    arrays: list[np.ndarray]
+    num_samples: int
+    deadline_s: float
+    priority: int
+    shape_key: Hashable
+    answer: asyncio.Future[Any]
+
+    def double(self) -> None:
+        self.answer.set_result([self.arrays[0] * 2])
+
+
+@dataclass
+class FakeModel:
+    """An InferTarget that records each request; with ``auto`` set its answer is the input
+    doubled at once, otherwise it waits until the test resolves ``Submitted.answer``."""
+
+    auto: bool = True
+    definition: Specs = field(default_factory=Specs)
+    cpu_parts: None = None
+    arrived: asyncio.Queue[Submitted] = field(default_factory=asyncio.Queue)
+
+    def submit(self, payload: Any, num_samples: int, deadline_s: float, priority: int,
+               shape_key: Hashable = None) -> asyncio.Future[Any]:
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        submitted = Submitted(payload, num_samples, deadline_s, priority, shape_key, answer)
+        if self.auto:
+            submitted.double()
+        self.arrived.put_nowait(submitted)
+        return answer
+
+    async def next_request(self) -> Submitted:
+        return await asyncio.wait_for(self.arrived.get(), _WAIT_S)
+
+
+class FakeDirectory:
+    """Served models by name (one version each, as the engine's table answers)."""
+
+    def __init__(self, **models: FakeModel) -> None:
+        self._models = models
+
+    def get(self, name: str, version: str = "") -> FakeModel:
+        if name not in self._models:
+            raise ModelNotFound(f"unknown model {name!r}")
+        return self._models[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._models
+
+
+@dataclass
+class Edge:
+    servicer: EdgeServicer
+    model: FakeModel
+    failures: list[tuple[str, str]]  # (model label, status name) as on_failure heard them
+
+
+def make_edge(model: FakeModel | None = None) -> Edge:
+    model = FakeModel() if model is None else model
+    failures: list[tuple[str, str]] = []
+    servicer = EdgeServicer(models=FakeDirectory(m=model), server_name="evenflow",
+                            server_version="9.9", max_tensor_elements=1 << 16,
+                            on_failure=lambda name, code: failures.append((name, code)))
+    servicer.ready = True
+    return Edge(servicer, model, failures)
+
+
+def infer_request(x: np.ndarray, *, model: str = "m", request_id: str = "r1",
+                  datatype: str = "FP32",
+                  timeout_us: int | None = None) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(
+        model_name=model, id=request_id,
+        inputs=[pb.ModelInferRequest.InferInputTensor(name="x", datatype=datatype,
+                                                      shape=list(x.shape))],
+        raw_input_contents=[x.tobytes()])
+    if timeout_us is not None:
+        request.parameters["timeout"].int64_param = timeout_us
+    return request
+
+
+def output_of(response: pb.ModelInferResponse) -> np.ndarray:
+    (output,) = response.outputs
+    assert (output.name, output.datatype) == ("y", "FP32")
+    return np.frombuffer(response.raw_output_contents[0], np.float32).reshape(output.shape)
+
+
+X = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+
+async def test_a_valid_call_is_answered_with_the_models_output() -> None:
+    edge = make_edge()
+    response = await edge.servicer.ModelInfer(infer_request(X), FakeContext())
+    assert (response.model_name, response.model_version, response.id) == ("m", "1", "r1")
+    np.testing.assert_array_equal(output_of(response), X * 2)
+    submitted = await edge.model.next_request()
+    assert (submitted.num_samples, submitted.priority, submitted.deadline_s) == (2, 0, np.inf)
+    np.testing.assert_array_equal(submitted.arrays[0], X)
+    assert edge.failures == []
+
+
+async def test_the_earlier_of_the_calls_deadline_and_its_timeout_reaches_the_model() -> None:
+    edge = make_edge()
+    before_s = time.monotonic()
+    await edge.servicer.ModelInfer(infer_request(X), FakeContext(time_remaining_s=5.0))
+    await edge.servicer.ModelInfer(infer_request(X, timeout_us=1_000_000),
+                                   FakeContext(time_remaining_s=5.0))
+    after_s = time.monotonic()
+    by_deadline, by_timeout = await edge.model.next_request(), await edge.model.next_request()
+    assert before_s + 5.0 <= by_deadline.deadline_s <= after_s + 5.0
+    assert before_s + 1.0 <= by_timeout.deadline_s <= after_s + 1.0
+
+
+@pytest.mark.parametrize(("request_", "details"), [
+    (infer_request(X, datatype="FP16"), "input 'x' has datatype FP16; expected FP32"),
+    (infer_request(np.ones((2, 3), np.float32)),
+     "input 'x' has shape [2, 3]; expected [-1, 4] (-1: any size >= 1)"),
+    (Undecodable("the request is not a valid inference.ModelInferRequest (3 bytes): bad"),
+     "the request is not a valid inference.ModelInferRequest (3 bytes): bad"),
+], ids=["datatype", "shape", "undecodable"])
+async def test_bad_input_is_invalid_argument_with_the_reason(
+        request_: pb.ModelInferRequest | Undecodable, details: str) -> None:
+    edge = make_edge()
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        await edge.servicer.ModelInfer(request_, context)
+    assert (context.code, context.details) == (grpc.StatusCode.INVALID_ARGUMENT, details)
+    assert edge.model.arrived.empty()  # refused before the model saw it
+    label = "m" if isinstance(request_, pb.ModelInferRequest) else ""
+    assert edge.failures == [(label, "INVALID_ARGUMENT")]
+
+
+async def test_an_unknown_model_is_not_found_and_its_name_is_no_metric_label() -> None:
+    edge = make_edge()
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        await edge.servicer.ModelInfer(infer_request(X, model="nope"), context)
+    assert (context.code, context.details) == (grpc.StatusCode.NOT_FOUND, "unknown model 'nope'")
+    assert edge.failures == [("", "NOT_FOUND")]
+
+
+async def test_a_refusal_by_the_model_keeps_its_status_and_message() -> None:
+    edge = make_edge(FakeModel(auto=False))
+    context = FakeContext()
+    call = asyncio.create_task(edge.servicer.ModelInfer(infer_request(X), context))
+    (await edge.model.next_request()).answer.set_exception(Overloaded("queue full"))
+    with pytest.raises(Aborted):
+        await call
+    assert (context.code, context.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
+    assert edge.failures == [("m", "RESOURCE_EXHAUSTED")]
+
+
+async def test_a_bug_is_internal_and_the_next_call_is_still_served() -> None:
+    edge = make_edge(FakeModel(auto=False))
+    context = FakeContext()
+    call = asyncio.create_task(edge.servicer.ModelInfer(infer_request(X), context))
+    (await edge.model.next_request()).answer.set_exception(RuntimeError("bug"))
+    with pytest.raises(Aborted):
+        await call
+    assert context.code is grpc.StatusCode.INTERNAL
+    assert context.details == "internal server error (RuntimeError); see the server log"
+    call = asyncio.create_task(edge.servicer.ModelInfer(infer_request(X), FakeContext()))
+    (await edge.model.next_request()).double()
+    np.testing.assert_array_equal(output_of(await call), X * 2)
+    assert edge.failures == [("m", "INTERNAL")]
+
+
+async def test_the_server_level_calls_answer_from_the_servicer() -> None:
+    edge = make_edge()
+    context = FakeContext()
+    live = await edge.servicer.ServerLive(pb.ServerLiveRequest(), context)
+    ready = await edge.servicer.ServerReady(pb.ServerReadyRequest(), context)
+    metadata = await edge.servicer.ServerMetadata(pb.ServerMetadataRequest(), context)
+    assert (live.live, ready.ready) == (True, True)
+    assert (metadata.name, metadata.version) == ("evenflow", "9.9")
+    assert "binary_tensor_data" in metadata.extensions
+
+
+async def test_a_drain_refuses_new_calls_and_counts_those_taken_until_their_status_is_sent(
+        ) -> None:
+    edge = make_edge()
+    taken = FakeContext()
+    await edge.servicer.ModelInfer(infer_request(X), taken)
+    edge.servicer.drain()
+    refused = FakeContext()
+    with pytest.raises(Aborted):
+        await edge.servicer.ModelInfer(infer_request(X), refused)
+    assert refused.code is grpc.StatusCode.UNAVAILABLE
+    ready = await edge.servicer.ServerReady(pb.ServerReadyRequest(), refused)
+    assert not ready.ready
+    assert await edge.servicer.answered(timeout_s=0.0) == 1  # answered, status not yet sent
+    taken.finish()
+    assert await edge.servicer.answered(timeout_s=_WAIT_S) == 0
+
+
+class Requests:
+    """A client's side of a stream: requests the test sends, then ``end``."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[pb.ModelInferRequest | Undecodable | None] = asyncio.Queue()
+
+    def send(self, request: pb.ModelInferRequest | Undecodable) -> None:
+        self._queue.put_nowait(request)
+
+    def end(self) -> None:
+        self._queue.put_nowait(None)
+
+    async def __aiter__(self) -> AsyncIterator[pb.ModelInferRequest | Undecodable]:
+        while (request := await self._queue.get()) is not None:
+            yield request
+
+
+class Responses:
+    """What a stream wrote, read by a task, with a wait for the n-th response."""
+
+    def __init__(self, stream: AsyncIterator[pb.ModelStreamInferResponse]) -> None:
+        self.written: list[pb.ModelStreamInferResponse] = []
+        self._changed = asyncio.Event()
+        self.reading = asyncio.create_task(self._read(stream))
+
+    async def _read(self, stream: AsyncIterator[pb.ModelStreamInferResponse]) -> None:
+        async for response in stream:
+            self.written.append(response)
+            self._changed.set()
+
+    async def until(self, count: int) -> None:
+        async def wait() -> None:
+            while len(self.written) < count:
+                self._changed.clear()
+                await self._changed.wait()
+
+        await asyncio.wait_for(wait(), _WAIT_S)
+
+    async def end(self) -> list[pb.ModelStreamInferResponse]:
+        await asyncio.wait_for(self.reading, _WAIT_S)
+        return self.written
+
+
+async def test_a_stream_answers_each_request_as_it_finishes_and_goes_on_past_a_bad_one(
+        ) -> None:
+    edge = make_edge(FakeModel(auto=False))
+    requests = Requests()
+    responses = Responses(edge.servicer.ModelStreamInfer(aiter(requests), FakeContext()))
+    requests.send(infer_request(X, request_id="a"))
+    requests.send(infer_request(X, request_id="bad", datatype="INT8"))
+    requests.send(infer_request(X + 1, request_id="b"))
+    first, second = await edge.model.next_request(), await edge.model.next_request()
+    second.double()  # b finishes first: written first
+    await responses.until(2)
+    first.double()
+    requests.end()
+    bad, b, a = await responses.end()
+    assert (bad.infer_response.id, bad.error_message) == (
+        "bad", "INVALID_ARGUMENT: input 'x' has datatype INT8; expected FP32")
+    assert (b.infer_response.id, b.error_message, a.infer_response.id) == ("b", "", "a")
+    np.testing.assert_array_equal(output_of(b.infer_response), (X + 1) * 2)
+    np.testing.assert_array_equal(output_of(a.infer_response), X * 2)
+    assert edge.failures == [("m", "INVALID_ARGUMENT")]
+
+
+async def test_a_drained_stream_answers_what_it_admitted_then_ends_unavailable() -> None:
+    edge = make_edge(FakeModel(auto=False))
+    requests = Requests()
+    context = FakeContext()
+    responses = Responses(edge.servicer.ModelStreamInfer(aiter(requests), context))
+    requests.send(infer_request(X, request_id="admitted"))
+    admitted = await edge.model.next_request()
+    edge.servicer.drain()
+    admitted.double()
+    with pytest.raises(Aborted):
+        await responses.end()
+    assert [r.infer_response.id for r in responses.written] == ["admitted"]
+    assert responses.written[0].error_message == ""
+    assert context.code is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_stream_that_goes_away_cancels_the_answers_it_still_awaits() -> None:
+    edge = make_edge(FakeModel(auto=False))
+    requests = Requests()
+    responses = Responses(edge.servicer.ModelStreamInfer(aiter(requests), FakeContext()))
+    requests.send(infer_request(X))
+    pending = await edge.model.next_request()
+    responses.reading.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await responses.reading
+    assert pending.answer.cancelled()  # the balancer drops a job whose caller went away
+    assert responses.written == []
