@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 from typing import Protocol
 
+from evenflow.balancer.answers import answer_batch, fail_jobs
 from evenflow.balancer.config import BalancerConfig
 from evenflow.balancer.controller import BatchSizeController
 from evenflow.balancer.errors import (
@@ -511,35 +512,9 @@ class Replica:
             else max(device_s, now_s - start_s)
         self._estimator.observe(num_samples, batch_s)
         self._controller.update(self._estimator.fit, num_samples, batch_s)
-        stats = self.stats
-        stats.busy.record(now_s - device_s, now_s)
-        stats.num_batches += 1
-        stats.num_samples += num_samples
-        stats.batch_size_counts[num_samples] += 1
-        counters = self._model_counters
-        counters.record_batch(num_samples, result.timing)
-        counters.last_inference_s = time.time()
-        timing = result.timing
-        num_jobs = len(jobs)
-        counters.compute_input.add(timing.copy_in_s * num_jobs, num_jobs)
-        counters.compute_infer.add(timing.compute_s * num_jobs, num_jobs)
-        counters.compute_output.add(timing.copy_out_s * num_jobs, num_jobs)
-        arrivals_s = 0.0
-        observe = counters.latency.observe
-        late = counters.lateness.add
-        for job, output in zip(jobs, result.outputs, strict=True):
-            arrivals_s += job.arrival_s
-            observe(now_s - job.arrival_s)
-            late(now_s - job.predicted_done_s)
-            if not job.future.done():  # else the caller went away while the batch ran
-                job.future.set_result(output)
-        counters.queue.add(start_s * num_jobs - arrivals_s, num_jobs)
-        counters.success.add(now_s * num_jobs - arrivals_s, num_jobs)
-        counters.lateness.refresh()
+        self.stats.record_batch(num_samples, now_s - device_s, now_s)
+        answer_batch(self._model_counters, jobs, result.outputs, timing=result.timing,
+                     num_samples=num_samples, start_s=start_s, now_s=now_s)
 
     def _fail(self, jobs: Sequence[Job], error: BaseException) -> None:
-        now_s = self._clock()
-        for job in jobs:
-            self._model_counters.fail.add(now_s - job.arrival_s)
-            if not job.future.done():
-                job.future.set_exception(error)
+        fail_jobs(self._model_counters, jobs, error, self._clock())

@@ -240,3 +240,10 @@ class ReplicaCounters:
         self.num_samples = 0
         self.num_stolen_requests = 0
         self.batch_size_counts: Counter[int] = Counter()
+
+    def record_batch(self, num_samples: int, start_s: float, end_s: float) -> None:
+        """A batch of ``num_samples`` ran on the device from ``start_s`` to ``end_s``."""
+        self.busy.record(start_s, end_s)
+        self.num_batches += 1
+        self.num_samples += num_samples
+        self.batch_size_counts[num_samples] += 1
