@@ -24,7 +24,7 @@ from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.replica import Replica
-from evenflow.balancer.stats import BalancerSnapshot, CpuParts, ModelCounters
+from evenflow.balancer.stats import BalancerSnapshot, CpuParts, ModelCounters, ModelStatistics
 from evenflow.balancer.timebase import TimeSource, as_time_source
 
 __all__ = ["BalancerConfig", "ModelBalancer"]
@@ -33,7 +33,7 @@ __all__ = ["BalancerConfig", "ModelBalancer"]
 class ModelBalancer:
     """Admits a model's requests and spreads them over its replicas, and owns them: their
     workers' lifecycle (added, removed, closed with the balancer) and their simulated devices'
-    admin controls. Readers get ``snapshot()``.
+    admin controls. Readers get copies: ``snapshot()`` and ``statistics()``.
 
     ``submit`` is synchronous and cheap (it runs once per request on the event loop): it checks
     admission, picks a replica by the policy, appends the job to that replica's queue and returns
@@ -399,6 +399,10 @@ class ModelBalancer:
             await replica.stop()
         for replica in self._replicas:
             await replica.worker.close()
+
+    def statistics(self) -> ModelStatistics:
+        """The model's Triton-style statistics, copied now."""
+        return self.counters.statistics()
 
     def snapshot(self) -> BalancerSnapshot:
         now_s = self._clock()

@@ -181,6 +181,21 @@ class ModelCounters:
     rerouted: int = 0  # requests moved off a replica that lost its worker
     rebound: int = 0  # requests moved by late binding as their batch was about to start
 
+    def statistics(self) -> ModelStatistics:
+        """A copy of what the server reports of the model (Triton's statistics and metrics)."""
+        return ModelStatistics(
+            success=_copy(self.success), fail=_copy(self.fail), queue=_copy(self.queue),
+            compute_input=_copy(self.compute_input), compute_infer=_copy(self.compute_infer),
+            compute_output=_copy(self.compute_output),
+            batches={size: BatchSizeStat(_copy(stat.compute_input), _copy(stat.compute_infer),
+                                         _copy(stat.compute_output))
+                     for size, stat in self.batches.items()},
+            inference_count=self.inference_count, execution_count=self.execution_count,
+            last_inference_s=self.last_inference_s,
+            latency_buckets=tuple(self.latency.cumulative()),
+            latency_total_s=self.latency.total_s,
+            cpu_seconds=None if self.cpu is None else dict(self.cpu.seconds))
+
     def record_batch(self, num_samples: int, timing: BatchTiming) -> None:
         stat = self.batches.get(num_samples)
         if stat is None:
@@ -190,6 +205,31 @@ class ModelCounters:
         stat.compute_output.add(timing.copy_out_s)
         self.execution_count += 1
         self.inference_count += num_samples
+
+
+def _copy(stat: DurationStat) -> DurationStat:
+    return DurationStat(stat.count, stat.total_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatistics:
+    """A model's statistics at one instant, copied from its ``ModelCounters``: Triton's
+    per-model and per-batch-size durations, the request-latency histogram (cumulative
+    ``(upper bound, requests)`` buckets, +Inf last) and, when counted, CPU seconds by part."""
+
+    success: DurationStat
+    fail: DurationStat
+    queue: DurationStat
+    compute_input: DurationStat
+    compute_infer: DurationStat
+    compute_output: DurationStat
+    batches: dict[int, BatchSizeStat]
+    inference_count: int
+    execution_count: int
+    last_inference_s: float  # wall clock (time.time) of the last finished batch
+    latency_buckets: tuple[tuple[float, int], ...]
+    latency_total_s: float
+    cpu_seconds: dict[str, float] | None  # None: not counted (EVENFLOW_CPU_PARTS unset)
 
 
 @dataclass(frozen=True, slots=True)

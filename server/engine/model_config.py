@@ -42,18 +42,18 @@ def _duration(stat: DurationStat) -> pb.StatisticDuration:
 
 
 def model_statistics(model: ServedModel) -> pb.ModelStatistics:
-    counters = model.balancer.counters
+    stats = model.balancer.statistics()
     return pb.ModelStatistics(
         name=model.name, version=MODEL_VERSION,
-        last_inference=round(counters.last_inference_s * 1000),
-        inference_count=counters.inference_count, execution_count=counters.execution_count,
+        last_inference=round(stats.last_inference_s * 1000),
+        inference_count=stats.inference_count, execution_count=stats.execution_count,
         inference_stats=pb.InferStatistics(
-            success=_duration(counters.success), fail=_duration(counters.fail),
-            queue=_duration(counters.queue), compute_input=_duration(counters.compute_input),
-            compute_infer=_duration(counters.compute_infer),
-            compute_output=_duration(counters.compute_output)),
+            success=_duration(stats.success), fail=_duration(stats.fail),
+            queue=_duration(stats.queue), compute_input=_duration(stats.compute_input),
+            compute_infer=_duration(stats.compute_infer),
+            compute_output=_duration(stats.compute_output)),
         batch_stats=[pb.InferBatchStatistics(
             batch_size=size, compute_input=_duration(stat.compute_input),
             compute_infer=_duration(stat.compute_infer),
             compute_output=_duration(stat.compute_output))
-            for size, stat in sorted(counters.batches.items())])
+            for size, stat in sorted(stats.batches.items())])

@@ -4,7 +4,7 @@ Per model, Triton's metric names and meanings (``nv_inference_*``, labels ``mode
 ``version``), so dashboards and alerts written for Triton work unchanged; per replica, the
 balancer's live state (``evenflow_replica_*``: busy fraction, queue, outstanding work, batch
 size, the fitted latency model); per GPU, the NVML sampler's last reading. Built from the same
-counters and snapshots as ModelStatistics and the stats RPC, at scrape time, on the event loop.
+statistics and snapshots as ModelStatistics and the stats RPC, at scrape time, on the event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 
 from evenflow.balancer import ReplicaSnapshot
-from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS
+from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS, ModelStatistics
 from evenflow.server.engine.served import MODEL_VERSION, ServedModel
 from evenflow.server.observability.prometheus import MetricFamily, histogram
 from evenflow.server.observability.telemetry import GpuSample
@@ -118,17 +118,19 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
                          "process's pid, a Ray node; empty in the engine process)")
     batch_sizes = MetricFamily("evenflow_replica_batches_by_size_total", "counter",
                                "Batches the replica has run, by batch size")
+    statistics: list[tuple[str, ModelStatistics]] = []
     for model in models:
         labels = {"model": model.name, "version": MODEL_VERSION}
-        counters = model.balancer.counters
+        stats = model.balancer.statistics()
+        statistics.append((model.name, stats))
         snapshot = model.balancer.snapshot()
-        success.add(counters.success.count, **labels)
-        failure.add(counters.fail.count, **labels)
-        count.add(counters.inference_count, **labels)
-        exec_count.add(counters.execution_count, **labels)
+        success.add(stats.success.count, **labels)
+        failure.add(stats.fail.count, **labels)
+        count.add(stats.inference_count, **labels)
+        exec_count.add(stats.execution_count, **labels)
         pending.add(snapshot.queued_requests, **labels)
         for family, attribute in durations:
-            family.add(getattr(counters, attribute).total_s * _US, **labels)
+            family.add(getattr(stats, attribute).total_s * _US, **labels)
         for reason in REJECT_REASONS:  # every reason, zeros included, so rates start at 0
             rejected.add(snapshot.rejected_by_reason.get(reason, 0), model=model.name,
                          reason=reason)
@@ -148,25 +150,24 @@ def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric
         "evenflow_request_duration_seconds",
         "Latency of successful requests, admission to answer (queue plus batch)",
         ["model", "version"],
-        [([m.name, MODEL_VERSION], m.balancer.counters.latency.cumulative(),
-          m.balancer.counters.latency.total_s) for m in models])
+        [([name, MODEL_VERSION], list(stats.latency_buckets), stats.latency_total_s)
+         for name, stats in statistics])
     return [success, failure, count, exec_count, pending, *(f for f, _ in durations), latency,
             rejected, dropped, target, *(f for f, _ in replica_families), batch_sizes, where,
-            *_cpu_family(models)]
+            *_cpu_family(statistics)]
 
 
-def _cpu_family(models: Iterable[ServedModel]) -> list[MetricFamily]:
+def _cpu_family(statistics: Iterable[tuple[str, ModelStatistics]]) -> list[MetricFamily]:
     """CPU seconds by part of the request path, for models that count them
     (``EVENFLOW_CPU_PARTS=1``); nothing otherwise."""
-    counted = [(m.name, m.balancer.counters.cpu) for m in models
-               if m.balancer.counters.cpu is not None]
+    counted = [(name, stats.cpu_seconds) for name, stats in statistics
+               if stats.cpu_seconds is not None]
     if not counted:
         return []
     family = MetricFamily("evenflow_cpu_seconds_total", "counter",
                           "CPU seconds by part of the request path (EVENFLOW_CPU_PARTS=1)")
-    for name, cpu in counted:
-        assert cpu is not None
-        for part, seconds in cpu.seconds.items():
+    for name, seconds_by_part in counted:
+        for part, seconds in seconds_by_part.items():
             family.add(seconds, model=name, part=part)
     return [family]
 

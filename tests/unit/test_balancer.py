@@ -634,3 +634,18 @@ async def test_a_removed_replica_hands_its_queue_over_and_finishes_its_batch(
         await settle()
     assert [f.result() for f in futures] == [("out", i) for i in range(4)]
     assert len(leaving.batches) == 1  # request 2 moved, never ran there
+
+
+async def test_statistics_are_a_copy_taken_when_asked(make_balancer: BalancerFactory) -> None:
+    worker = FakeWorker("w", base_s=0.010, per_sample_s=0.001)
+    balancer = make_balancer([worker])
+    assert await balancer.submit("a", 1) == ("out", "a")
+    before = balancer.statistics()
+    assert await balancer.submit("b", 1) == ("out", "b")
+    after = balancer.statistics()
+    assert (before.inference_count, before.execution_count, before.success.count) == (1, 1, 1)
+    assert (after.inference_count, after.execution_count, after.success.count) == (2, 2, 2)
+    assert before.batches[1].compute_infer.count == 1  # the copy did not move on
+    assert after.batches[1].compute_infer.total_s == pytest.approx(2 * 0.011)
+    assert before.latency_buckets[-1] == (math.inf, 1) and after.latency_buckets[-1][1] == 2
+    assert before.cpu_seconds is None
