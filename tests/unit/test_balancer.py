@@ -629,6 +629,7 @@ async def test_a_removed_replica_hands_its_queue_over_and_finishes_its_batch(
     await settle()
     await removal
     assert [r.worker for r in balancer.replicas] == [staying]
+    assert leaving.closed and not staying.closed  # the balancer closed the worker it removed
     while staying.num_waiting:  # 1, then 3 and the moved 2, one batch each
         staying.release()
         await settle()
@@ -649,3 +650,29 @@ async def test_statistics_are_a_copy_taken_when_asked(make_balancer: BalancerFac
     assert after.batches[1].compute_infer.total_s == pytest.approx(2 * 0.011)
     assert before.latency_buckets[-1] == (math.inf, 1) and after.latency_buckets[-1][1] == 2
     assert before.cpu_seconds is None
+
+
+async def test_admin_controls_reach_the_simulated_devices_of_the_balancers_workers(
+        make_balancer: BalancerFactory) -> None:
+    class SimWorker(FakeWorker):
+        """Simulates its one device: records the speed and faults it is given."""
+
+        speed = 1.0
+        faults: list[tuple[str, int]]
+
+        async def set_device_speed(self, device: str, speed: float) -> float:
+            previous, self.speed = self.speed, speed
+            return previous
+
+        async def set_device_fault(self, device: str, fault: str, count: int) -> None:
+            self.faults.append((fault, count))
+
+    sim = SimWorker("sim0")
+    sim.faults = []
+    real = FakeWorker("cuda0")  # a real device: its speed and faults are what they are
+    balancer = make_balancer([sim, real])
+    assert await balancer.set_device_speed("sim0", 0.5) == 1.0 and sim.speed == 0.5
+    assert await balancer.set_device_speed("cuda0", 0.5) is None
+    assert await balancer.set_device_speed("nowhere", 0.5) is None
+    assert await balancer.set_device_fault("sim0", "hang", 2) and sim.faults == [("hang", 2)]
+    assert not await balancer.set_device_fault("cuda0", "hang", 1)
