@@ -11,14 +11,11 @@ import functools
 import logging
 import math
 import time
-from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection, reflection_pb2_grpc
 
 from evenflow.balancer import (
     ErrorCode,
@@ -31,7 +28,7 @@ from evenflow.balancer.stats import CpuParts
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.edge import codec, shapes
-from evenflow.server.edge.decoding import Undecodable, tolerant_deserializer
+from evenflow.server.edge.decoding import Undecodable
 from evenflow.server.edge.status import internal_error, status_of, stream_error_message
 from evenflow.server.models.spec import Padding, TensorSpec
 from evenflow.server.observability import cpu_accounting
@@ -80,16 +77,14 @@ class ModelDirectory(Protocol):
 
 class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
     """ModelInfer, ModelStreamInfer and the server-level calls. ``on_failure`` hears each failed
-    request's (model, status name) besides the local ``failures`` count."""
+    request's (model, status name): where it is counted for the whole server's metrics (here,
+    or in the engine for a front-end process)."""
 
     def __init__(self, *, models: ModelDirectory, server_name: str, server_version: str,
-                 max_tensor_elements: int,
-                 on_failure: Callable[[str, str], None] | None = None) -> None:
+                 max_tensor_elements: int, on_failure: Callable[[str, str], None]) -> None:
         self._models = models
         self._max_elements = max_tensor_elements
         self._on_failure = on_failure
-        # (model, status code) -> requests answered with that error; counted on failure only.
-        self.failures: Counter[tuple[str, str]] = Counter()
         self._metadata = pb.ServerMetadataResponse(name=server_name, version=server_version,
                                                    extensions=EXTENSIONS)
         self.ready = False
@@ -232,10 +227,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                        exc: EvenflowError) -> None:
         # Only served names become labels: a client must not grow the metrics without bound.
         model = request.model_name if request.model_name in self._models else ""
-        code = status_of(exc).name
-        self.failures[model, code] += 1
-        if self._on_failure is not None:
-            self._on_failure(model, code)
+        self._on_failure(model, status_of(exc).name)
         _log_failure(request, exc)
 
     async def ServerLive(self, request: pb.ServerLiveRequest,
@@ -249,91 +241,6 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
                              context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:
         return self._metadata
-
-
-# The only methods registered with grpc by path; every other is served through generic
-# handlers. grpc.aio's server keeps one pending call per registered method and waits on all of
-# them (``asyncio.wait``) for every call it accepts: with every method of every service
-# registered (~25), that wait was 8 % of the loop's time at concurrency 64 (py-spy).
-HOT_METHODS = ("ModelInfer", "ModelStreamInfer")
-# What a front-end process answers itself; it forwards every other call to the engine.
-LOCAL_METHODS = ("ModelInfer", "ModelStreamInfer", "ServerLive", "ServerReady", "ServerMetadata")
-
-
-def add_inference_service(servicer: EdgeServicer, server: grpc.aio.Server,
-                          forward: Callable[[str], grpc.RpcMethodHandler] | None = None) -> None:
-    """The generated registration, with ModelInfer and ModelStreamInfer swapped for handlers
-    that use the tolerant deserializer (the generated code registers every method by path,
-    which takes precedence over any generic handler added next to it). With ``forward``,
-    every method but ``LOCAL_METHODS`` is served by ``forward(method path)`` instead."""
-    captured = _CapturedRegistration()
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, captured)
-    parse = tolerant_deserializer(pb.ModelInferRequest)
-    handlers = dict(captured.handlers)
-    if forward is not None:
-        for method in handlers:
-            if method not in LOCAL_METHODS:
-                handlers[method] = forward(f"/{captured.service}/{method}")
-    handlers["ModelInfer"] = grpc.unary_unary_rpc_method_handler(
-        servicer.ModelInfer, request_deserializer=parse,
-        response_serializer=pb.ModelInferResponse.SerializeToString)
-    handlers["ModelStreamInfer"] = grpc.stream_stream_rpc_method_handler(
-        servicer.ModelStreamInfer, request_deserializer=parse,
-        response_serializer=pb.ModelStreamInferResponse.SerializeToString)
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(captured.service, handlers),))
-    server.add_registered_method_handlers(captured.service,
-                                          {method: handlers[method] for method in HOT_METHODS})
-
-
-def forward_service(register: Callable[[Any, Any], None], servicer: object,
-                    server: grpc.aio.Server,
-                    forward: Callable[[str], grpc.RpcMethodHandler]) -> None:
-    """Register every method of a generated service as ``forward(method path)``."""
-    captured = _CapturedRegistration()
-    register(servicer, captured)
-    handlers = {method: forward(f"/{captured.service}/{method}") for method in captured.handlers}
-    server.add_generic_rpc_handlers(
-        (grpc.method_handlers_generic_handler(captured.service, handlers),))
-
-
-def add_support_services(server: grpc.aio.Server, health_servicer: health.aio.HealthServicer,
-                         services: Sequence[str]) -> None:
-    """Health and reflection (listing ``services`` and itself), served generically."""
-    cold = GenericOnly(server)
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, cold)
-    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(
-        reflection.aio.ReflectionServicer([*services, reflection.SERVICE_NAME]), cold)
-
-
-class GenericOnly:
-    """A server as the generated ``add_*_to_server`` functions see it: their methods are served
-    through generic handlers only, never registered by path (see ``HOT_METHODS``)."""
-
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
-
-    def add_generic_rpc_handlers(self, handlers: Sequence[grpc.GenericRpcHandler]) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
-
-    def add_registered_method_handlers(self, service: str,
-                                       handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        pass  # the generic handler added just before serves these methods
-
-
-class _CapturedRegistration:
-    """Stands in for a server to read what the generated code registers."""
-
-    def __init__(self) -> None:
-        self.service = ""
-        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def add_generic_rpc_handlers(self, handlers: object) -> None:
-        pass  # the same methods come again through add_registered_method_handlers
-
-    def add_registered_method_handlers(self, service: str,
-                                       handlers: dict[str, grpc.RpcMethodHandler]) -> None:
-        self.service, self.handlers = service, handlers
 
 
 def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError) -> None:

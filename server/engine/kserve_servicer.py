@@ -3,6 +3,8 @@ calls plus model metadata, configuration, statistics and model control."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import grpc
 
 from evenflow.balancer import EvenflowError, InvalidRequest
@@ -20,9 +22,10 @@ from evenflow.server.engine.served import MODEL_VERSION, ModelTable
 
 class InferenceServicer(EdgeServicer):
     def __init__(self, *, models: ModelTable, manager: ModelManager, server_name: str,
-                 server_version: str, max_tensor_elements: int) -> None:
+                 server_version: str, max_tensor_elements: int,
+                 on_failure: Callable[[str, str], None]) -> None:
         super().__init__(models=models, server_name=server_name, server_version=server_version,
-                         max_tensor_elements=max_tensor_elements)
+                         max_tensor_elements=max_tensor_elements, on_failure=on_failure)
         self._table = models
         self._manager = manager
 

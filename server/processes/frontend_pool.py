@@ -5,7 +5,11 @@ one that dies, and drains and stops them on shutdown.
 
 One ZeroMQ ROUTER socket serves all front-ends; each front-end's DEALER names itself
 ``fe<index>-<pid>``, so answers for a dead front-end's requests go nowhere (and its queued
-requests are cancelled), never to its replacement."""
+requests are cancelled), never to its replacement.
+
+The engine trusts what a front-end validated: an ``Infer`` carries the spec version it was
+validated against and its shape key, and the engine checks only that the model's specs have not
+changed since (a reload) before it hands the arrays to the balancer."""
 
 from __future__ import annotations
 
@@ -15,19 +19,15 @@ import logging
 import os
 import socket
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import msgspec
-import numpy as np
 import zmq
 
 from evenflow.balancer import EvenflowError, InvalidRequest, ModelNotFound, ShuttingDown
-from evenflow.server.edge import shapes
-from evenflow.server.edge.datatypes import WIRE_TYPES
 from evenflow.server.edge.status import internal_error
 from evenflow.server.engine.proxied_calls import ProxiedCalls
 from evenflow.server.engine.served import ModelTable, ServedModel
@@ -35,6 +35,7 @@ from evenflow.server.observability.metrics import FrontendState
 from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import frontend_messages as msg
 from evenflow.server.processes.ipc.errors import to_wire
+from evenflow.server.processes.ipc.frontend_messages import FrontendSettings
 from evenflow.server.processes.ipc.loop_socket import LoopSocket
 
 logger = logging.getLogger(__name__)
@@ -42,28 +43,6 @@ logger = logging.getLogger(__name__)
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 10.0
 _RESTART_DELAY_S = (0.1, 5.0)  # first and largest delay between restarts of a front-end
-
-
-@dataclass(frozen=True, slots=True)
-class FrontendSettings:
-    """What a front-end process needs (it travels msgpack-encoded on its stdin)."""
-
-    index: int
-    engine_address: str
-    host: str
-    port: int
-    max_message_bytes: int
-    max_tensor_elements: int
-    server_version: str
-    admin: bool = False
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
-    auth_token_file: str | None = None
-    auth_groups: tuple[str, ...] = ()
-    log_level: str = "INFO"
-    log_format: str = "text"
-    gil_switch_interval_s: float = 0.005
 
 
 @dataclass(slots=True)
@@ -88,8 +67,11 @@ def reserve_port(host: str, port: int) -> socket.socket:
 
 
 class FrontendPool:
+    """``on_failure`` hears each request a front-end failed, as (model, status name)."""
+
     def __init__(self, *, count: int, settings: Callable[[int, str, int], FrontendSettings],
-                 models: ModelTable, calls: ProxiedCalls, host: str, port: int) -> None:
+                 models: ModelTable, calls: ProxiedCalls, host: str, port: int,
+                 on_failure: Callable[[str, str], None] | None = None) -> None:
         self._count = count
         self._settings = settings
         self._models = models
@@ -105,8 +87,9 @@ class FrontendPool:
         self._serving = True
         self._outbox: dict[bytes, list[list[object]]] = {}  # sent once per loop turn
         self._flush_scheduled = False
+        self._on_failure = on_failure
+        self._announced: dict[str, msg.EdgeModel] = {}  # by name, kept after an unload
         self.port = 0
-        self.failures: Counter[tuple[str, str]] = Counter()  # failed in the front-ends
 
     async def start(self) -> int:
         """Hold the port, open the engine's socket, start every front-end; returns the port."""
@@ -212,7 +195,8 @@ class FrontendPool:
             self._spawn_task(self._call(identity, message, frames[0] if frames else b""),
                              "frontends:call")
         elif isinstance(message, msg.Failed):
-            self.failures[message.model, message.code] += 1
+            if self._on_failure is not None:
+                self._on_failure(message.model, message.code)
         elif isinstance(message, msg.Sync):
             self._send(identity, self._models_message(message.id))
         elif isinstance(message, msg.Hello):
@@ -233,10 +217,12 @@ class FrontendPool:
             return  # a front-end that is gone
         try:
             model = self._models.get(request.model, request.version)
-            inputs = _checked_inputs(model, arrays.unpack(request.arrays, frames))
-            shape_key = shapes.shape_key(inputs) if model.definition.variable_shapes else None
-            future = model.submit(inputs, request.num_samples, request.deadline_s,
-                                  request.priority, shape_key)
+            announced = self._announced.get(model.name)
+            if announced is None or announced.spec_version != request.spec_version:
+                raise InvalidRequest(f"model {model.name!r} was reloaded with other tensor "
+                                     "specs while the request was on its way; send it again")
+            future = model.submit(arrays.unpack(request.arrays, frames), request.num_samples,
+                                  request.deadline_s, request.priority, request.shape_key)
         except ModelNotFound as exc:
             # Sent before the front-end heard the drain, it arrives after the models closed.
             error = ShuttingDown("the server is shutting down; send to another replica") \
@@ -256,7 +242,7 @@ class FrontendPool:
             return
         error = future.exception()
         if error is not None:
-            if not isinstance(error, EvenflowError):
+            if isinstance(error, Exception) and not isinstance(error, EvenflowError):
                 error = internal_error(error, f"request {request_id} from {identity!r}")
             self._send(identity, msg.Refused(request_id, to_wire(error)))
             return
@@ -301,7 +287,22 @@ class FrontendPool:
     # --- what the engine tells them ---
 
     def _models_message(self, sync_id: int = -1) -> msg.Models:
-        return msg.Models([_edge_model(m) for m in self._models], self._serving, sync_id)
+        return msg.Models([self._announce(m) for m in self._models], self._serving, sync_id)
+
+    def _announce(self, model: ServedModel) -> msg.EdgeModel:
+        """The model as front-ends are told it: its specs at the version they were first
+        served with under this name, or the next version when they changed (a reload that
+        keeps them keeps the version, so requests validated before it still run)."""
+        definition = model.definition
+        inputs, outputs = list(definition.inputs), list(definition.outputs)
+        last = self._announced.get(model.name)
+        if last is not None and (last.inputs, last.outputs, last.padding) == \
+                (inputs, outputs, definition.padding):
+            return last
+        edge = msg.EdgeModel(model.name, 0 if last is None else last.spec_version + 1, inputs,
+                             outputs, definition.padding)
+        self._announced[model.name] = edge
+        return edge
 
     def models_changed(self) -> None:
         message = self._models_message()
@@ -347,24 +348,3 @@ class FrontendPool:
             self._port_holder.close()
             self._port_holder = None
 
-
-def _edge_model(model: ServedModel) -> msg.EdgeModel:
-    definition = model.definition
-    return msg.EdgeModel(model.name, list(definition.inputs), list(definition.outputs),
-                         definition.padding)
-
-
-def _checked_inputs(model: ServedModel, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """The front-end validated these against the specs it knew; the model may have been
-    reloaded with others since: the datatypes and ranks must still match."""
-    specs = model.definition.inputs
-    if len(inputs) != len(specs):
-        raise InvalidRequest(f"model {model.name!r} now takes {len(specs)} inputs")
-    for array, spec in zip(inputs, specs, strict=True):
-        wire = WIRE_TYPES[spec.datatype].numpy_dtype
-        if array.dtype != wire or array.ndim != len(spec.shape) or any(
-                want not in (-1, got) for got, want in zip(array.shape[1:], spec.shape[1:],
-                                                           strict=True)):
-            raise InvalidRequest(f"input {spec.name!r} no longer matches model "
-                                 f"{model.name!r}: expected {spec.datatype} {list(spec.shape)}")
-    return inputs

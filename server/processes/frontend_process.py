@@ -20,56 +20,47 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import msgspec
 import zmq
-import zmq.asyncio
-from grpc_health.v1 import health, health_pb2
 
 from evenflow.balancer import EvenflowError, ShuttingDown
 from evenflow.balancer.stats import CpuParts
-from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc, grpc_service_pb2
+from evenflow.proto import evenflow_pb2_grpc
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.server.edge.closing import close_port
-from evenflow.server.edge.security import TlsFiles, TokenInterceptor, load_token
-from evenflow.server.edge.servicer import (
-    EdgeServicer,
-    InferTarget,
-    add_inference_service,
-    add_support_services,
-    forward_service,
-)
+from evenflow.server.edge import event_loop
+from evenflow.server.edge.grpc_server import PortSettings, ServingPort, tls_files
+from evenflow.server.edge.registration import Forward, Register
+from evenflow.server.edge.security import load_token
+from evenflow.server.edge.servicer import EdgeServicer, InferTarget
 from evenflow.server.edge.status import status_from_value, status_of
 from evenflow.server.engine.served import find_model
 from evenflow.server.observability.logs import configure_logging
-from evenflow.server.processes.frontend_pool import FrontendSettings
 from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import frontend_messages as msg
 from evenflow.server.processes.ipc.errors import from_wire
+from evenflow.server.processes.ipc.frontend_messages import FrontendSettings
+from evenflow.server.processes.ipc.loop_socket import LoopSocket
 
 logger = logging.getLogger(__name__)
 
-_ANSWER_S = 5.0
-_SERVICES = (grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name,
-             evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowStats"].full_name,
-             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name)
-
 
 class EngineLink:
-    """This front-end's DEALER socket to the engine: requests out, answers matched by id."""
+    """This front-end's DEALER socket to the engine, driven by the event loop: requests out,
+    answers matched by id."""
 
-    def __init__(self, socket: zmq.asyncio.Socket) -> None:
-        self._socket = socket
+    def __init__(self, socket: zmq.Socket[bytes]) -> None:
+        self._socket = LoopSocket(socket, asyncio.get_running_loop(), self._receive)
         self._ids = itertools.count()
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self.models: dict[str, RemoteModel] = {}
         self.serving = False
         self.synced = asyncio.Event()
-        self.on_health: Any = None
+        self.on_health: Callable[[bool], None] | None = None
         self.drain = asyncio.Event()
         self.stop = asyncio.Event()
 
@@ -77,7 +68,10 @@ class EngineLink:
         parts: list[object] = [msg.encoder.encode(message)]
         if frames:
             parts.extend(frames)
-        self._socket.send_multipart(parts, copy=not arrays.by_reference(frames or ()))
+        self._socket.send(parts, arrays.by_reference(frames or ()))
+
+    def close(self) -> None:
+        self._socket.close()
 
     def request(self) -> tuple[int, asyncio.Future[Any]]:
         request_id = next(self._ids)
@@ -111,20 +105,17 @@ class EngineLink:
                 future.set_exception(error)
         self._pending.clear()
 
-    async def receive(self) -> None:
-        for count in itertools.count(1):
-            if count % arrays.YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-            header, *frames = await self._socket.recv_multipart()
-            message = msg.to_frontend.decode(header)
-            if isinstance(message, msg.Bundle):
-                start = 0
-                for size in message.parts:
-                    self._dispatch(msg.to_frontend.decode(frames[start]),
-                                   frames[start + 1:start + size])
-                    start += size
-            else:
-                self._dispatch(message, frames)
+    def _receive(self, parts: list[bytes]) -> None:
+        header, *frames = parts
+        message = msg.to_frontend.decode(header)
+        if isinstance(message, msg.Bundle):
+            start = 0
+            for size in message.parts:
+                self._dispatch(msg.to_frontend.decode(frames[start]),
+                               frames[start + 1:start + size])
+                start += size
+        else:
+            self._dispatch(message, frames)
 
     def _dispatch(self, message: msg.ToFrontend, frames: list[bytes]) -> None:
         if isinstance(message, msg.Answer):
@@ -170,7 +161,8 @@ class RemoteModel:
 
     async def submit(self, payload: Any, num_samples: int, deadline_s: float, priority: int,
                      shape_key: Hashable = None) -> Any:
-        """The engine computes the shape key itself from the (padded) inputs."""
+        """Validated here against ``definition``: the engine runs it as it is, unless the
+        model's specs changed since (the spec version tells)."""
         request_id, future = self._link.request()
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
@@ -178,7 +170,10 @@ class RemoteModel:
         try:
             self._link.send(msg.Infer(id=request_id, model=self.definition.name, version="",
                                       num_samples=num_samples, deadline_s=deadline_s,
-                                      priority=priority, arrays=metas), frames)
+                                      priority=priority, arrays=metas,
+                                      spec_version=self.definition.spec_version,
+                                      shape_key=cast("msg.ShapeKey | None", shape_key)),
+                            frames)
             return await future
         except asyncio.CancelledError:
             self._link.send(msg.Cancel(request_id))
@@ -218,7 +213,7 @@ class FrontendServicer(EdgeServicer):
         return pb.ServerReadyResponse(ready=self.ready and self._link.serving)
 
 
-def _forwarder(link: EngineLink, edge: EdgeServicer) -> Any:
+def _forwarder(link: EngineLink, edge: EdgeServicer) -> Forward:
     def forward(path: str) -> grpc.RpcMethodHandler:
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             if not edge.draining:  # taken: answered before the port closes
@@ -237,74 +232,46 @@ def _forwarder(link: EngineLink, edge: EdgeServicer) -> Any:
     return forward
 
 
-def _connect(settings: FrontendSettings) -> zmq.asyncio.Socket:
-    dealer = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+def _connect(settings: FrontendSettings) -> zmq.Socket[bytes]:
+    dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.ROUTING_ID, f"fe{settings.index}-{os.getpid()}".encode())
     dealer.setsockopt(zmq.LINGER, 0)
+    # Unbounded queues, as LoopSocket wants; set before connect, which creates the pipe.
     dealer.setsockopt(zmq.SNDHWM, 0)
     dealer.setsockopt(zmq.RCVHWM, 0)
     dealer.connect(settings.engine_address)
     return dealer
 
 
-def _build_server(settings: FrontendSettings, edge: FrontendServicer, link: EngineLink,
-                  health_servicer: health.aio.HealthServicer) -> grpc.aio.Server:
-    options = [("grpc.max_receive_message_length", settings.max_message_bytes),
-               ("grpc.max_send_message_length", settings.max_message_bytes),
-               ("grpc.so_reuseport", 1)]
+def _port_settings(settings: FrontendSettings) -> PortSettings:
     token = load_token(Path(settings.auth_token_file) if settings.auth_token_file else None)
-    interceptors = [TokenInterceptor(token, settings.auth_groups)] if token else []
-    server = grpc.aio.server(options=options, interceptors=interceptors)
-    forward = _forwarder(link, edge)
-    add_inference_service(edge, server, forward)
-    forward_service(evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server,
-                    evenflow_pb2_grpc.EvenflowStatsServicer(), server, forward)
-    services = list(_SERVICES)
-    if settings.admin:
-        forward_service(evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server,
-                        evenflow_pb2_grpc.EvenflowAdminServicer(), server, forward)
-        services.append(evenflow_pb2.DESCRIPTOR.services_by_name["EvenflowAdmin"].full_name)
-    add_support_services(server, health_servicer, services)
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    address = f"{host}:{settings.port}"
-    tls = TlsFiles(Path(settings.tls_cert), Path(settings.tls_key),
-                   Path(settings.tls_client_ca) if settings.tls_client_ca else None) \
-        if settings.tls_cert and settings.tls_key else None
-    port = server.add_secure_port(address, tls.server_credentials()) if tls else \
-        server.add_insecure_port(address)
-    if port != settings.port:
-        raise OSError(f"front-end {settings.index} could not bind {address}")
-    return server
+    return PortSettings(settings.host, settings.port, settings.max_message_bytes, shared=True,
+                        tls=tls_files(settings.tls_cert, settings.tls_key,
+                                      settings.tls_client_ca),
+                        token=token, auth_groups=settings.auth_groups)
 
 
 async def _serve(settings: FrontendSettings) -> None:
     identity = f"frontend {settings.index} pid {os.getpid()}"
     engine_gone = child.watch_parent(asyncio.get_running_loop())
-    dealer = _connect(settings)
-    link = EngineLink(dealer)
-    receiver = asyncio.create_task(link.receive(), name="engine:receive")
+    link = EngineLink(_connect(settings))
     edge = FrontendServicer(link=link, identity=identity, server_name="evenflow",
                             server_version=settings.server_version,
                             max_tensor_elements=settings.max_tensor_elements,
                             on_failure=lambda model, code: link.send(msg.Failed(model, code)))
-    health_servicer = health.aio.HealthServicer()
-    health_updates: set[asyncio.Task[None]] = set()
-
-    def on_health(serving: bool) -> None:
-        if edge.draining:
-            return
-        status = health_pb2.HealthCheckResponse.SERVING if serving else \
-            health_pb2.HealthCheckResponse.NOT_SERVING
-        for service in ("", _SERVICES[0]):
-            task = asyncio.create_task(health_servicer.set(service, status))
-            health_updates.add(task)
-            task.add_done_callback(health_updates.discard)
-
-    link.on_health = on_health
+    port = ServingPort(edge=edge, name=identity)
+    link.on_health = port.update_health
     link.send(msg.Hello(settings.index, os.getpid(), listening=False))
     await link.synced.wait()  # the engine knows this front-end, and it knows the models
-    server = _build_server(settings, edge, link, health_servicer)
-    await server.start()
+    # Every call but inference is the engine's: the stubs' base classes only name them.
+    services: list[tuple[Register, object]] = [
+        (evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server,
+         evenflow_pb2_grpc.EvenflowStatsServicer())]
+    if settings.admin:
+        services.append((evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server,
+                         evenflow_pb2_grpc.EvenflowAdminServicer()))
+    await port.start(_port_settings(settings), services=services,
+                     forward=_forwarder(link, edge))
     edge.ready = True
     link.send(msg.Hello(settings.index, os.getpid(), listening=True))
     gc.collect()
@@ -314,26 +281,20 @@ async def _serve(settings: FrontendSettings) -> None:
     stop = asyncio.create_task(link.stop.wait())
     gone = asyncio.create_task(engine_gone.wait())
     await asyncio.wait({drain, stop, gone}, return_when=asyncio.FIRST_COMPLETED)
-    edge.drain()  # new inference calls hear UNAVAILABLE
-    await health_servicer.enter_graceful_shutdown()
+    await port.drain()  # new inference calls hear UNAVAILABLE
     await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
     if gone.done():
         logger.error("%s: the engine is gone; exiting", identity)
         link.fail_all(ShuttingDown("the server's engine process is gone"))
     # The engine sent Stop after the answer to every request it admitted from here; forwarded
     # calls still get theirs while it waits for this process to exit.
-    unsent = await edge.answered(_ANSWER_S)
-    if unsent:
-        logger.warning("%s: %d calls not answered within %.1f s; closing the port", identity,
-                       unsent, _ANSWER_S)
-        link.fail_all(ShuttingDown("the server is shutting down; send to another replica"))
-    close_port(settings.port)  # no call may reach gRPC's stop (see closing)
-    await server.stop(_ANSWER_S)
-    tasks = (drain, stop, gone, receiver, *health_updates)
+    await port.close(on_unanswered=lambda: link.fail_all(
+        ShuttingDown("the server is shutting down; send to another replica")))
+    tasks = (drain, stop, gone)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    dealer.close(linger=0)
+    link.close()
 
 
 def main() -> None:
@@ -342,12 +303,7 @@ def main() -> None:
     settings = child.read_settings(FrontendSettings)
     configure_logging(settings.log_level, settings.log_format)
     sys.setswitchinterval(settings.gil_switch_interval_s)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(_serve(settings))
-    else:
-        uvloop.run(_serve(settings))
+    event_loop.run(_serve(settings))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
-"""The messages between front-end processes and the engine, over ZeroMQ (one ROUTER in the
-engine, one DEALER per front-end). First frame: a msgspec/msgpack struct below; then one raw
-frame per array (``Infer``, ``Answer``) or the serialized protobuf (``Call``, ``Reply``)."""
+"""What the engine and its front-end processes tell each other: the settings a front-end starts
+with (on its stdin), and the messages over ZeroMQ (one ROUTER in the engine, one DEALER per
+front-end). A message's first frame is a msgspec/msgpack struct below; then one raw frame per
+array (``Infer``, ``Answer``) or the serialized protobuf (``Call``, ``Reply``)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -10,11 +14,63 @@ from evenflow.server.models.spec import Padding, TensorSpec
 from evenflow.server.processes.ipc.arrays import ArrayMeta
 from evenflow.server.processes.ipc.errors import WireError
 
+if TYPE_CHECKING:  # the configuration imports the models; a front-end never builds settings
+    from evenflow.server.config.server_config import ServerConfig
+
+# A request's key to batch by: its inputs' non-batch shapes (see ``edge.shapes.shape_key``).
+ShapeKey = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class FrontendSettings:
+    """What a front-end process needs, derived from the server's configuration (see
+    ``ServerConfig`` for each value's meaning): where the engine is and which port to share.
+    TLS and token files travel as paths; the front-end reads them itself."""
+
+    index: int
+    engine_address: str
+    host: str
+    port: int
+    max_message_bytes: int
+    max_tensor_elements: int
+    server_version: str
+    admin: bool
+    tls_cert: str | None
+    tls_key: str | None
+    tls_client_ca: str | None
+    auth_token_file: str | None
+    auth_groups: tuple[str, ...]
+    log_level: str
+    log_format: str
+    gil_switch_interval_s: float
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, *, index: int, engine_address: str, port: int,
+                    server_version: str) -> FrontendSettings:
+        """Front-end ``index``'s settings: ``config``'s, with the port the engine reserved."""
+        return cls(index=index, engine_address=engine_address, host=config.host, port=port,
+                   max_message_bytes=config.max_message_bytes,
+                   max_tensor_elements=config.max_tensor_elements,
+                   server_version=server_version, admin=config.admin,
+                   tls_cert=_text(config.tls_cert), tls_key=_text(config.tls_key),
+                   tls_client_ca=_text(config.tls_client_ca),
+                   auth_token_file=_text(config.auth_token_file),
+                   auth_groups=tuple(config.auth_groups), log_level=config.log_level,
+                   log_format=config.log_format,
+                   gil_switch_interval_s=config.gil_switch_interval_s)
+
+
+def _text(path: object | None) -> str | None:
+    return str(path) if path is not None else None
+
 
 class EdgeModel(msgspec.Struct, array_like=True, frozen=True):
-    """A model's tensor specs, as a front-end validates requests against them."""
+    """A model's tensor specs, as a front-end validates requests against them. ``spec_version``
+    changes whenever the engine serves the name with other specs (0: the first it served): a
+    request validated against an older version is refused, never run on the new model."""
 
     name: str
+    spec_version: int
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     padding: Padding | None = None
@@ -36,6 +92,9 @@ class Hello(msgspec.Struct, tag=True, array_like=True, frozen=True):
 
 
 class Infer(msgspec.Struct, tag=True, array_like=True, frozen=True):
+    """A request the front-end decoded and validated against the model's specs at
+    ``spec_version`` (padded, where the model pads): the engine runs it as it is."""
+
     id: int
     model: str
     version: str
@@ -43,6 +102,10 @@ class Infer(msgspec.Struct, tag=True, array_like=True, frozen=True):
     deadline_s: float  # time.monotonic(): CLOCK_MONOTONIC, shared by the machine's processes
     priority: int
     arrays: list[ArrayMeta]
+    # The ``EdgeModel.spec_version`` it was validated against (0, the first, where a sender
+    # such as a benchmark's stub front-end names none).
+    spec_version: int = 0
+    shape_key: ShapeKey | None = None  # models with variable shapes only
 
 
 class Cancel(msgspec.Struct, tag=True, array_like=True, frozen=True):
