@@ -15,7 +15,8 @@ from evenflow.loadtest.runner import OK, RequestRecord, Target, mlp_like_request
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 
-pytestmark = pytest.mark.timeout(120)
+# slow, timing: a subprocess server under load with faults injected, timed.
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(120)]
 RATE_PER_S, SECONDS, FAULT_AT_S, RECOVER_AT_S = 150.0, 8.0, 2.0, 4.0
 
 

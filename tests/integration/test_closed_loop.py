@@ -8,7 +8,9 @@ import pytest
 
 from tests.integration.load import Load
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("server_mode")]
+# slow, timing: subprocess servers under 128 clients; admission by time.
+pytestmark = [pytest.mark.slow, pytest.mark.timing,
+              pytest.mark.timeout(120), pytest.mark.usefixtures("server_mode")]
 
 CLIENTS = 128
 SERVERS = {

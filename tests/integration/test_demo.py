@@ -12,7 +12,8 @@ import pytest
 
 from tests.servers import TESTS_DIR
 
-pytestmark = pytest.mark.timeout(120)
+# slow: runs `evenflow demo` as a subprocess.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 DEVICE_LINE = re.compile(r"^  (\S+) on (\S+): (\d+) requests in (\d+) batches of [\d-]+ "
                          r"samples \(mean [\d.]+\), busy \d+% of the burst$", re.MULTILINE)

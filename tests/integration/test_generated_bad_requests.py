@@ -27,7 +27,8 @@ from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.edge.datatypes import WIRE_TYPES
 
-pytestmark = pytest.mark.timeout(240)
+# slow: thousands of generated requests against a subprocess server.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 MAX_MESSAGE_BYTES = 1 << 18
 MAX_BATCH = 16

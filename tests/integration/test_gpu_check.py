@@ -16,6 +16,7 @@ from benchmarks.gpu_check.steps import STEPS
 from benchmarks.harness import REPO
 
 
+@pytest.mark.slow  # runs the whole check as a subprocess
 @pytest.mark.timeout(150)  # < 60 s on an idle 2-core machine; CI shares its cores
 def test_dry_run_lists_every_step_and_the_ones_it_ran_succeeded(tmp_path: Path) -> None:
     out = tmp_path / "report"

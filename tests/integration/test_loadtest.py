@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.timeout(120)
+# slow, timing: load test runs for seconds against subprocess servers.
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(120)]
 
 
 def loadtest(*args: str) -> subprocess.CompletedProcess[str]:

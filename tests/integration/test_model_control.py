@@ -44,6 +44,7 @@ load = false
 """
 
 
+@pytest.mark.slow  # a subprocess server and a tritonclient probe process
 async def test_load_and_unload_with_tritonclient_while_another_model_serves(
         server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if importlib.util.find_spec("tritonclient") is None:

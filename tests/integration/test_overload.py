@@ -20,7 +20,8 @@ import pytest
 from benchmarks.harness import REPO
 from benchmarks.overload import CAPACITY_PER_S, TARGET_MS
 
-pytestmark = pytest.mark.timeout(120)
+# slow, timing: 10 s of overload per mode, latency bounds asserted.
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(120)]
 
 
 def overload(mode: str, out: Path) -> dict[str, Any]:

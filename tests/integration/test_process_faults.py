@@ -22,7 +22,8 @@ from evenflow.server.workers.process_host import ProcessWorker
 from tests.integration.inprocess import running_app
 from tests.integration.load import FAST, Load
 
-pytestmark = pytest.mark.timeout(90)
+# slow: kills and hangs worker and front-end processes under load.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 def _read(url: str) -> str:
     with urllib.request.urlopen(url, timeout=10) as response:

@@ -27,7 +27,8 @@ from tests.certs import Pki, make_pki
 from tests.integration.test_subprocess import perf_analyzer_command
 from tests.servers import TESTS_DIR
 
-pytestmark = pytest.mark.timeout(120)
+# slow: TLS and token servers as subprocesses.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 TOKEN = "s3cret-token-for-tests-0123456789"
 X = np.ones((1, 256), np.float32)
 

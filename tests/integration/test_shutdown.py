@@ -17,7 +17,9 @@ from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
-pytestmark = [pytest.mark.timeout(90), pytest.mark.usefixtures("server_mode")]
+# slow, timing: SIGTERM to subprocess servers while batches run for set times.
+pytestmark = [pytest.mark.slow, pytest.mark.timing,
+              pytest.mark.timeout(90), pytest.mark.usefixtures("server_mode")]
 
 X = np.ones((1, 256), np.float32)
 REQUEST = pb.ModelInferRequest(model_name="sim", inputs=[

@@ -18,7 +18,9 @@ import pytest
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("server_mode")]
+# slow: SIGTERM under load, five runs in each process mode.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
+              pytest.mark.usefixtures("server_mode")]
 
 RUNS = 5
 CHANNELS = 4  # connections (each front-end process gets some)

@@ -9,7 +9,8 @@ import pytest
 
 from benchmarks.soak import soak
 
-pytestmark = pytest.mark.timeout(120)
+# slow, timing: a 30 s soak.
+pytestmark = [pytest.mark.slow, pytest.mark.timing, pytest.mark.timeout(120)]
 
 
 async def test_thirty_seconds_at_seventy_percent(tmp_path: Path) -> None:

@@ -20,7 +20,9 @@ from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 from tests.integration.test_infer import mlp_reference
 from tests.servers import TESTS_DIR
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("server_mode")]
+# slow: `evenflow serve` processes, perf_analyzer and the CLI.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
+              pytest.mark.usefixtures("server_mode")]
 
 
 @pytest.fixture(scope="module")
