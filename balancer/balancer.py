@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
+from evenflow.balancer.admission import Admission
 from evenflow.balancer.config import BalancerConfig
 from evenflow.balancer.errors import (
     DeadlineExceeded,
     InvalidRequest,
-    Overloaded,
     ShuttingDown,
     WorkerLost,
 )
@@ -60,7 +60,8 @@ class ModelBalancer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._round_robin = itertools.count()
         self._default_level = config.level_of(0)
-        self._queue_budget_s = config.queue_budget_s  # read on every request
+        self._admission = Admission(model_name=model_name, config=config,
+                                    counters=self.counters)
         self._shared_queue = (self._new_queue() if config.policy is Policy.SHARED_QUEUE
                               else None)
         self._ledger = ledger
@@ -168,7 +169,7 @@ class ModelBalancer:
         if not self.serving:
             raise WorkerLost(f"model {self.model_name!r} has no replica in service (all are "
                              "restarting)")
-        self._admit_by_count(num_samples, now_s)
+        self._admission.by_count(self._queues, num_samples, now_s)
         if self._loop is None:
             raise RuntimeError("ModelBalancer.start() was not called")
         future: asyncio.Future[Any] = self._loop.create_future()
@@ -176,7 +177,8 @@ class ModelBalancer:
                   shape_key=shape_key,
                   due_s=min(deadline_s, now_s + self.config.latency_target_s))
         replica, finish_s = self._route(job, now_s)
-        self._admit_in_time(replica, num_samples, now_s, finish_s, deadline_s)
+        self._admission.in_time(replica, num_samples, now_s, finish_s, deadline_s,
+                                self._queues, len(self._in_service))
         if self.config.policy is Policy.LEAST_WORK:
             # The router is the only source of work for a replica's queue: a partial batch the
             # router just passed over will not fill, so it should not keep waiting.
@@ -189,77 +191,6 @@ class ModelBalancer:
         future.add_done_callback(self._leave_system)
         replica.admit(job, now_s)
         return future
-
-    def _admit_by_count(self, num_samples: int, now_s: float) -> None:
-        if self._count_bound_hit(num_samples) is None:
-            return
-        for queue in self._queues:  # cancelled and expired requests give their slots back
-            queue.purge(now_s)
-        reason = self._count_bound_hit(num_samples)
-        if reason is not None:
-            self.counters.rejected["queue_full"] += 1
-            raise Overloaded(reason)
-
-    def _count_bound_hit(self, num_samples: int) -> str | None:
-        """Why ``num_samples`` more would break a count bound, or None."""
-        config = self.config
-        queued = self.queued_requests
-        if queued >= config.max_queued_requests:
-            return (f"model {self.model_name!r} has {queued} requests queued (limit "
-                    f"{config.max_queued_requests}, --max-queued-requests)")
-        if config.max_queued_samples is not None:
-            samples = sum(queue.num_samples for queue in self._queues)
-            if samples + num_samples > config.max_queued_samples:
-                return (f"model {self.model_name!r} has {samples} samples queued; "
-                        f"{num_samples} more exceed the limit of "
-                        f"{config.max_queued_samples} (--max-queue-samples)")
-        return None
-
-    def _admit_in_time(self, replica: Replica, num_samples: int, now_s: float, finish_s: float,
-                       deadline_s: float) -> None:
-        """Refuse now what the latency model predicts cannot finish in time (Nexus-style early
-        drop), rather than queue it to time out later: past its own deadline, past the queueing
-        budget, or past the declared SLO. A replica that has not measured a batch yet has no
-        prediction (infinite work): it is given the benefit of the doubt, within the count
-        bounds, until its first batch is measured."""
-        config, counters = self.config, self.counters
-        if not math.isfinite(finish_s):
-            return
-        if now_s + finish_s + counters.lateness.margin_s > deadline_s:
-            counters.rejected["deadline"] += 1
-            raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
-                             f"{finish_s * 1e3:.0f} ms, after the request's deadline "
-                             f"({(deadline_s - now_s) * 1e3:.0f} ms from now)")
-        budget_s = self._queue_budget_s
-        if budget_s is not None:
-            wait_s = finish_s - replica.joining_batch_s(num_samples)
-            if wait_s > budget_s and (config.max_queue_delay_s is not None
-                                      or self._past_min_queue(num_samples)):
-                counters.rejected["queue_delay"] += 1
-                raise Overloaded(f"model {self.model_name!r} is predicted to queue the request "
-                                 f"for {wait_s * 1e3:.0f} ms, over the queueing budget of "
-                                 f"{budget_s * 1e3:.0f} ms (--max-queue-delay-ms)")
-        slo_s = config.slo_s
-        if slo_s is None:
-            return
-        if replica.joins_next_batch(num_samples):
-            # It joins the next batch: the batch sizes already keep that within the target
-            # (max wait + the running batch + its own), so a prediction near the SLO at
-            # moderate load is no reason to refuse it.
-            return
-        if finish_s + counters.lateness.margin_s > slo_s:
-            counters.rejected["latency_target"] += 1
-            raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
-                             f"{finish_s * 1e3:.0f} ms (+{counters.lateness.margin_s * 1e3:.0f} "
-                             f"ms of measured lateness), over its SLO of {slo_s * 1e3:.0f} ms "
-                             "(--slo-ms)")
-
-    def _past_min_queue(self, num_samples: int) -> bool:
-        """Whether ``num_samples`` more would queue more than ``queue_budget_min_batches`` full
-        batches per replica in service (below that the default budget refuses nothing)."""
-        config = self.config
-        queued = sum(queue.num_samples for queue in self._queues) + num_samples
-        return queued > config.queue_budget_min_batches * config.max_batch * len(self._in_service)
 
     def _leave_system(self, _: asyncio.Future[Any]) -> None:
         self._in_system -= 1
