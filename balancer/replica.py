@@ -27,13 +27,12 @@ from evenflow.balancer.job import BatchResult, Job, Worker
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import ReplicaLoad
 from evenflow.balancer.queue import JobQueue
-from evenflow.balancer.stats import ModelCounters, ReplicaCounters, ReplicaSnapshot
+from evenflow.balancer.stats import ArrivalRate, ModelCounters, ReplicaCounters, ReplicaSnapshot
 from evenflow.balancer.timebase import LoopTime, TimeSource, sleep_s
 from evenflow.balancer.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
 
-_RATE_TAU_S = 0.5  # arrival rates forget with this time constant
 _STALE_S = 1.0  # an idle replica whose last batch ended longer ago than this gets a probe
 # An idle replica looks for work to steal this often: one whose estimate is too slow gets no
 # new work from routing, and only a batch it steals can show that it is faster.
@@ -143,8 +142,7 @@ class Replica:
         self._quiet = asyncio.Event()  # nothing queued and nothing running
         self._quiet.set()
         self.forming = False  # a partial batch is waiting for more work (up to max_wait_s)
-        self._arrival_rate_per_s = 0.0
-        self._rate_at_s = 0.0
+        self._arrivals = ArrivalRate()
         self._close_early = False
         self._watchdog_s = config.watchdog_s
         self._watchdog_floor_s = min(config.watchdog_floor_s, config.watchdog_s)
@@ -236,7 +234,7 @@ class Replica:
 
     def admit(self, job: Job, now_s: float) -> None:
         """Queue a newly admitted job routed here, and count it in the arrival rate."""
-        self._note_arrival(job.num_samples, now_s)
+        self._arrivals.add(job.num_samples, now_s)
         self._queue.push(job)
 
     def enqueue(self, job: Job) -> None:
@@ -266,15 +264,6 @@ class Replica:
         """Out of routing for good (its device left): the balancer takes its queue over."""
         self._healthy = False
 
-    def _note_arrival(self, num_samples: int, now_s: float) -> None:
-        """Count samples routed here: an exponentially decaying rate (time constant 0.5 s)."""
-        self._arrival_rate_per_s = self._decayed_rate(now_s) + num_samples / _RATE_TAU_S
-        self._rate_at_s = now_s
-
-    def _decayed_rate(self, now_s: float) -> float:
-        return self._arrival_rate_per_s * math.exp(-max(0.0, now_s - self._rate_at_s)
-                                                   / _RATE_TAU_S)
-
     def _next_batch_size(self, now_s: float, remaining_s: float) -> int:
         """How large the next batch may be, given when it starts and how long its oldest
         request will have waited by then."""
@@ -302,7 +291,7 @@ class Replica:
             queued_samples=self._queue.num_samples, queued_requests=len(self._queue),
             base_s=fit.base_s, per_sample_s=fit.per_sample_s,
             batch_size=self._next_batch_size(now_s, remaining),
-            arrival_rate_per_s=self._decayed_rate(now_s), cold=not self._estimator.observed,
+            arrival_rate_per_s=self._arrivals.per_s(now_s), cold=not self._estimator.observed,
             shape_groups=self._queue.num_shape_groups, stale=stale)
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
@@ -434,9 +423,7 @@ class Replica:
         self._complete(jobs, num_samples, start_s, result)
         cpu.add("completion", time.thread_time() - completing_s)
         if result.cpu is not None:
-            cpu.add("batch_in", result.cpu.copy_in_s)
-            cpu.add("model", result.cpu.compute_s)
-            cpu.add("batch_out", result.cpu.copy_out_s)
+            cpu.add_batch(result.cpu)
 
     async def _run_watched(self, jobs: list[Job], num_samples: int) -> BatchResult:
         floor_s = self._watchdog_floor_s if self._estimator.observed else self._watchdog_s

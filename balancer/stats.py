@@ -155,6 +155,32 @@ class CpuParts:
     def add(self, part: str, seconds: float) -> None:
         self.seconds[part] += seconds
 
+    def add_batch(self, cpu: BatchTiming) -> None:
+        """A worker thread's CPU seconds in a batch's phases: input batching, model, split."""
+        seconds = self.seconds
+        seconds["batch_in"] += cpu.copy_in_s
+        seconds["model"] += cpu.compute_s
+        seconds["batch_out"] += cpu.copy_out_s
+
+
+class ArrivalRate:
+    """Samples per second recently routed to a replica: an exponentially decaying rate, so a
+    burst counts at once and fades over about ``tau_s`` once it ends."""
+
+    __slots__ = ("_at_s", "_per_s", "_tau_s")
+
+    def __init__(self, tau_s: float = 0.5) -> None:
+        self._tau_s = tau_s
+        self._per_s = 0.0
+        self._at_s = 0.0
+
+    def add(self, num_samples: int, now_s: float) -> None:
+        self._per_s = self.per_s(now_s) + num_samples / self._tau_s
+        self._at_s = now_s
+
+    def per_s(self, now_s: float) -> float:
+        return self._per_s * math.exp(-max(0.0, now_s - self._at_s) / self._tau_s)
+
 
 @dataclass(slots=True)
 class ModelCounters:
