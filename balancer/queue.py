@@ -19,6 +19,8 @@ class JobQueue:
     Batches are taken from the most urgent level first; work stealing takes from the tail of the
     least urgent. Jobs whose caller went away (future cancelled) or whose deadline passed are
     dropped when a batch is taken, never run: the deadline ones fail with ``DeadlineExceeded``.
+    ``wait_changed``'s timeout is a timer of ``time``, the balancer's time source (the loop's
+    when none is given).
     """
 
     def __init__(self, levels: int = 1, dropped: Counter[str] | None = None,
