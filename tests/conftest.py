@@ -1,5 +1,5 @@
-"""Shared fixtures: a fake clock for unit tests; real servers, in each process model, for
-integration tests. The helpers behind them live in ``tests.fakes`` and ``tests.servers``."""
+"""Shared fixtures: real servers, in each process model, for integration tests (the helpers
+behind them live in ``tests.servers``; unit tests' fakes in ``tests.fakes``)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.fakes import FakeClock, FakeWorker
 from tests.servers import SERVER_MODES, TESTS_DIR, ServerProcess, serving_in, start_server
 
-# Still imported from here by test_balancer, test_admission_defaults, test_device_errors and
-# test_ray; new tests import them from tests.fakes and tests.servers.
-__all__ = ["TESTS_DIR", "FakeClock", "FakeWorker"]
+# Still imported from here by test_ray; other tests import it from tests.servers.
+__all__ = ["TESTS_DIR"]
 
 # Every mode but the single process starts front-end or worker processes: slow.
 _MODE_PARAMS = [mode if mode == "single" else pytest.param(mode, marks=pytest.mark.slow)
@@ -26,11 +24,6 @@ def server_mode(request: pytest.FixtureRequest) -> Iterator[str]:
     ``pytestmark = pytest.mark.usefixtures("server_mode")``)."""
     with serving_in(request.param) as mode:
         yield mode
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
-"""Hand-written fakes of evenflow's seams for unit tests: a clock the test moves, a worker whose
-batches finish when the test says so, and a gRPC servicer context that records what a servicer
-answered. None of them sleeps; each records what was done to it so a test can assert on it."""
+"""Hand-written fakes of evenflow's seams for unit tests: a worker whose batches finish when the
+test says so, and a gRPC servicer context that records what a servicer answered. Neither sleeps;
+each records what was done to it so a test can assert on it. (The balancer's fake time source is
+``tests.unit.balancer_fakes.FakeTime``.)"""
 
 from __future__ import annotations
 
@@ -12,19 +13,6 @@ from typing import Any
 import grpc
 
 from evenflow.balancer import BatchResult, BatchTiming, Job, SingleDeviceWorker
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, start_s: float = 1000.0) -> None:
-        self.now_s = start_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-    def advance(self, seconds: float) -> None:
-        self.now_s += seconds
 
 
 @dataclass
