@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import SERVER_MODES, TESTS_DIR, ServerProcess, serving_in, start_server
-
-# Still imported from here by test_ray; other tests import it from tests.servers.
-__all__ = ["TESTS_DIR"]
+from tests.servers import SERVER_MODES, ServerProcess, serving_in, start_server
 
 # Every mode but the single process starts front-end or worker processes: slow.
 _MODE_PARAMS = [mode if mode == "single" else pytest.param(mode, marks=pytest.mark.slow)

@@ -21,10 +21,10 @@ import pytest
 from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.config.server_config import ServerConfig
 from evenflow.server.engine.app import App
-from tests.conftest import TESTS_DIR
 from tests.integration.inprocess import running_app
 from tests.integration.load import FAST, Load
 from tests.integration.test_infer import mlp_reference
+from tests.servers import TESTS_DIR
 
 # Read when Ray is imported: every node then binds 127.0.0.1 (tests stay on loopback).
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
