@@ -14,7 +14,6 @@ changed since (a reload) before it hands the arrays to the balancer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -32,26 +31,31 @@ from evenflow.server.edge.status import internal_error
 from evenflow.server.engine.proxied_calls import ProxiedCalls
 from evenflow.server.engine.served import ModelTable, ServedModel
 from evenflow.server.observability.metrics import FrontendState
-from evenflow.server.processes.ipc import arrays, child
+from evenflow.server.processes.ipc import arrays
 from evenflow.server.processes.ipc import frontend_messages as msg
 from evenflow.server.processes.ipc.errors import to_wire
 from evenflow.server.processes.ipc.frontend_messages import FrontendSettings
 from evenflow.server.processes.ipc.loop_socket import LoopSocket
+from evenflow.server.processes.supervisor import Backoff, Child, ChildNotReady
 
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 10.0
-_RESTART_DELAY_S = (0.1, 5.0)  # first and largest delay between restarts of a front-end
+# The first and the largest delay between restarts of a front-end that keeps dying.
+_FIRST_RESTART_DELAY_S = 0.1
+_MAX_RESTART_DELAY_S = 5.0
 
 
 @dataclass(slots=True)
 class _Frontend:
     index: int
-    process: asyncio.subprocess.Process | None = None
+    child: Child | None = None
     identity: bytes = b""
     hello: asyncio.Future[None] | None = None
     restarts: int = 0
+    backoff: Backoff = field(
+        default_factory=lambda: Backoff(_FIRST_RESTART_DELAY_S, _MAX_RESTART_DELAY_S))
     in_flight: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
 
 
@@ -116,47 +120,40 @@ class FrontendPool:
         return task
 
     async def _launch(self, frontend: _Frontend) -> None:
-        """Start the front-end's process and wait for its hello (it then serves the port)."""
+        """Start the front-end's process and wait for its hello (it then serves the port);
+        OSError, with its exit code and the end of its stderr, when it does not start."""
         frontend.hello = asyncio.get_running_loop().create_future()
-        process = await child.spawn(
-            "evenflow.server.processes.frontend_process",
+        started = await Child.start(
+            f"front-end {frontend.index}", ["-m", "evenflow.server.processes.frontend_process"],
             settings=self._settings(frontend.index, self._address, self.port))
-        frontend.process = process
-        exited = asyncio.ensure_future(process.wait())
-        waits: set[asyncio.Future[Any]] = {frontend.hello, exited}
+        frontend.child = started
         try:
-            done, _ = await asyncio.wait(waits, timeout=_START_TIMEOUT_S,
-                                         return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            exited.cancel()
-        if frontend.hello not in done:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-            raise OSError(f"front-end {frontend.index} did not start (exit code "
-                          f"{process.returncode})")
-        self._spawn_task(self._watch(frontend, process), f"frontend:{frontend.index}")
+            await started.until_ready(frontend.hello, _START_TIMEOUT_S)
+        except ChildNotReady as exc:
+            await started.kill()
+            raise OSError(str(exc)) from exc
+        self._spawn_task(self._watch(frontend, started), f"frontend:{frontend.index}")
 
-    async def _watch(self, frontend: _Frontend, process: asyncio.subprocess.Process) -> None:
+    async def _watch(self, frontend: _Frontend, started: Child) -> None:
         """Restart the front-end when its process ends, unless the server is stopping."""
-        code = await process.wait()
+        code = await started.wait()
         self._forget(frontend)
         if self._stopping:
             return
-        delay_s = min(_RESTART_DELAY_S[1], _RESTART_DELAY_S[0] * 2 ** frontend.restarts)
+        delay_s = frontend.backoff.next_s()
         logger.error("front-end %d (process %d) exited with code %s; restarting it in "
-                     "%.1f s", frontend.index, process.pid, code, delay_s)
+                     "%.1f s", frontend.index, started.pid, code, delay_s)
         frontend.restarts += 1
         while not self._stopping:
             await asyncio.sleep(delay_s)
             try:
                 await self._launch(frontend)
                 logger.info("front-end %d restarted (process %d)", frontend.index,
-                            frontend.process.pid if frontend.process else -1)
+                            frontend.child.pid if frontend.child else -1)
                 return
             except OSError as exc:
                 logger.error("%s; retrying", exc)
-                delay_s = min(_RESTART_DELAY_S[1], delay_s * 2)
+                delay_s = frontend.backoff.next_s()
 
     def _forget(self, frontend: _Frontend) -> None:
         """Its clients are gone with it: drop its requests that have not run."""
@@ -167,7 +164,7 @@ class FrontendPool:
 
     @property
     def pids(self) -> list[int]:
-        return [fe.process.pid for fe in self._frontends if fe.process is not None]
+        return [fe.child.pid for fe in self._frontends if fe.child is not None]
 
     def states(self) -> list[FrontendState]:
         """Each front-end: serving the port (said hello, not gone since), and its restarts."""
@@ -327,20 +324,14 @@ class FrontendPool:
         self._stopping = True
         for identity in list(self._by_identity):
             self._send(identity, msg.Stop())
-        processes = [fe.process for fe in self._frontends if fe.process is not None]
-        for process in processes:
-            try:
-                await asyncio.wait_for(process.wait(), _STOP_TIMEOUT_S)
-            except TimeoutError:
-                logger.warning("front-end process %d did not stop; killing it", process.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    process.kill()
-                await process.wait()
+        for started in [fe.child for fe in self._frontends if fe.child is not None]:
+            if not await started.stop(_STOP_TIMEOUT_S):
+                logger.warning("front-end process %d did not stop; killed it", started.pid)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for fe in self._frontends:
-            fe.process = None
+            fe.child = None
         if self._socket is not None:
             self._socket.close()
             self._socket = None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import itertools
 import logging
 import math
 import os
@@ -45,18 +44,18 @@ from evenflow.server.processes.ipc import frontend_messages as msg
 from evenflow.server.processes.ipc.errors import from_wire
 from evenflow.server.processes.ipc.frontend_messages import FrontendSettings
 from evenflow.server.processes.ipc.loop_socket import LoopSocket
+from evenflow.server.processes.pending_calls import PendingCalls
 
 logger = logging.getLogger(__name__)
 
 
 class EngineLink:
     """This front-end's DEALER socket to the engine, driven by the event loop: requests out,
-    answers matched by id."""
+    answers matched by id in ``calls``."""
 
     def __init__(self, socket: zmq.Socket[bytes]) -> None:
         self._socket = LoopSocket(socket, asyncio.get_running_loop(), self._receive)
-        self._ids = itertools.count()
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self.calls: PendingCalls[Any] = PendingCalls()
         self.models: dict[str, RemoteModel] = {}
         self.serving = False
         self.synced = asyncio.Event()
@@ -73,37 +72,22 @@ class EngineLink:
     def close(self) -> None:
         self._socket.close()
 
-    def request(self) -> tuple[int, asyncio.Future[Any]]:
-        request_id = next(self._ids)
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
-        return request_id, future
-
-    def forget(self, request_id: int) -> None:
-        self._pending.pop(request_id, None)
-
     async def call(self, method: str, request: bytes, deadline_s: float
                    ) -> tuple[int, str, bytes]:
-        request_id, future = self.request()
+        request_id, future = self.calls.add()
         try:
             self.send(msg.Call(request_id, method, deadline_s), [request])
             return await future  # type: ignore[no-any-return]
         finally:
-            self.forget(request_id)
+            self.calls.discard(request_id)
 
     async def sync(self) -> None:
-        request_id, future = self.request()
+        request_id, future = self.calls.add()
         try:
             self.send(msg.Sync(request_id))
             await future
         finally:
-            self.forget(request_id)
-
-    def fail_all(self, error: Exception) -> None:
-        for future in self._pending.values():
-            if not future.done():
-                future.set_exception(error)
-        self._pending.clear()
+            self.calls.discard(request_id)
 
     def _receive(self, parts: list[bytes]) -> None:
         header, *frames = parts
@@ -119,30 +103,23 @@ class EngineLink:
 
     def _dispatch(self, message: msg.ToFrontend, frames: list[bytes]) -> None:
         if isinstance(message, msg.Answer):
-            self._resolve(message.id, arrays.unpack(message.arrays, frames))
+            self.calls.resolve(message.id, arrays.unpack(message.arrays, frames))
         elif isinstance(message, msg.Refused):
-            future = self._pending.get(message.id)
-            if future is not None and not future.done():
-                future.set_exception(from_wire(message.error))
+            self.calls.fail(message.id, from_wire(message.error))
         elif isinstance(message, msg.Reply):
-            self._resolve(message.id, (message.code, message.details,
-                                       frames[0] if frames else b""))
+            self.calls.resolve(message.id, (message.code, message.details,
+                                            frames[0] if frames else b""))
         elif isinstance(message, msg.Models):
             self.models = {m.name: RemoteModel(m, self) for m in message.models}
             self._health(message.serving)
             self.synced.set()
-            self._resolve(message.id, None)
+            self.calls.resolve(message.id, None)  # the Sync it answers, if any
         elif isinstance(message, msg.Health):
             self._health(message.serving)
         elif isinstance(message, msg.Drain):
             self.drain.set()
         elif isinstance(message, msg.Stop):
             self.stop.set()
-
-    def _resolve(self, request_id: int, value: Any) -> None:
-        future = self._pending.get(request_id)
-        if future is not None and not future.done():
-            future.set_result(value)
 
     def _health(self, serving: bool) -> None:
         self.serving = serving
@@ -163,7 +140,7 @@ class RemoteModel:
                      shape_key: Hashable = None) -> Any:
         """Validated here against ``definition``: the engine runs it as it is, unless the
         model's specs changed since (the spec version tells)."""
-        request_id, future = self._link.request()
+        request_id, future = self._link.calls.add()
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
         arrays.pack(payload, metas, frames)
@@ -179,7 +156,7 @@ class RemoteModel:
             self._link.send(msg.Cancel(request_id))
             raise
         finally:
-            self._link.forget(request_id)
+            self._link.calls.discard(request_id)
 
 
 class RemoteModels:
@@ -285,10 +262,10 @@ async def _serve(settings: FrontendSettings) -> None:
     await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
     if gone.done():
         logger.error("%s: the engine is gone; exiting", identity)
-        link.fail_all(ShuttingDown("the server's engine process is gone"))
+        link.calls.fail_all(ShuttingDown("the server's engine process is gone"))
     # The engine sent Stop after the answer to every request it admitted from here; forwarded
     # calls still get theirs while it waits for this process to exit.
-    await port.close(on_unanswered=lambda: link.fail_all(
+    await port.close(on_unanswered=lambda: link.calls.fail_all(
         ShuttingDown("the server is shutting down; send to another replica")))
     tasks = (drain, stop, gone)
     for task in tasks:

@@ -1,0 +1,127 @@
+"""A front-end's link to the engine (EngineLink, RemoteModel), against a test ROUTER standing in
+for the engine: what an Infer carries, answers matched by id (Bundles too), a cancelled call
+tells the engine and leaves nothing pending, a gone engine fails every waiter."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from evenflow.balancer import InvalidRequest, ShuttingDown
+from evenflow.server.models.spec import TensorSpec
+from evenflow.server.processes.frontend_process import EngineLink
+from evenflow.server.processes.ipc import arrays
+from evenflow.server.processes.ipc import frontend_messages as msg
+from evenflow.server.processes.ipc.errors import to_wire
+
+pytestmark = pytest.mark.timeout(30)
+
+SPECS = [TensorSpec("x", "FP32", (-1, -1))]
+
+
+class FakeEngine:
+    """A ROUTER that reads what the front-end sends and answers it."""
+
+    def __init__(self) -> None:
+        self.address = f"ipc://@evenflow-test-{uuid.uuid4().hex}"
+        self.socket = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(self.address)
+        self.identity = b""
+
+    async def receive(self) -> tuple[msg.ToEngine, list[bytes]]:
+        self.identity, header, *frames = await self.socket.recv_multipart()
+        return msg.to_engine.decode(header), frames
+
+    async def send(self, *messages: tuple[msg.ToFrontend, list[bytes]]) -> None:
+        """One message, or several in a Bundle."""
+        if len(messages) == 1:
+            message, frames = messages[0]
+            await self.socket.send_multipart([self.identity, msg.encoder.encode(message),
+                                              *frames])
+            return
+        parts: list[bytes] = []
+        for message, frames in messages:
+            parts += [msg.encoder.encode(message), *frames]
+        bundle = msg.Bundle([1 + len(frames) for _, frames in messages])
+        await self.socket.send_multipart([self.identity, msg.encoder.encode(bundle), *parts])
+
+
+async def _linked() -> tuple[FakeEngine, EngineLink]:
+    engine = FakeEngine()
+    dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(engine.address)
+    link = EngineLink(dealer)
+    link.send(msg.Hello(0, 1, listening=False))
+    hello, _ = await engine.receive()
+    assert isinstance(hello, msg.Hello)
+    await engine.send((msg.Models([msg.EdgeModel("m", 3, SPECS, SPECS)], serving=True), []))
+    await link.synced.wait()
+    return engine, link
+
+
+async def test_infers_carry_what_was_validated_and_answers_find_their_callers() -> None:
+    engine, link = await _linked()
+    try:
+        model = link.models["m"]
+        first = asyncio.ensure_future(model.submit([np.ones((1, 2), np.float32)], 1, math.inf,
+                                                   0, shape_key=((2,),)))
+        second = asyncio.ensure_future(model.submit([np.ones((1, 4), np.float32)], 1,
+                                                    math.inf, 0, shape_key=((4,),)))
+        sent = [await engine.receive() for _ in range(2)]
+        infers = [m for m, _ in sent if isinstance(m, msg.Infer)]
+        assert [(i.spec_version, i.shape_key) for i in infers] == [(3, ((2,),)), (3, ((4,),))]
+        metas: list[arrays.ArrayMeta] = []
+        frames: list[object] = []
+        arrays.pack([np.full((1, 2), 7, np.float32)], metas, frames)
+        await engine.send(  # in one Bundle, the second answered first
+            (msg.Refused(infers[1].id, to_wire(InvalidRequest("reloaded"))), []),
+            (msg.Answer(infers[0].id, metas), [bytes(f) for f in frames]))  # type: ignore[call-overload]
+        (answer,) = await first
+        np.testing.assert_array_equal(answer, np.full((1, 2), 7, np.float32))
+        with pytest.raises(InvalidRequest, match="reloaded"):
+            await second
+        assert len(link.calls) == 0
+    finally:
+        link.close()
+        engine.socket.close()
+
+
+async def test_a_cancelled_request_tells_the_engine_and_leaves_nothing_pending() -> None:
+    engine, link = await _linked()
+    try:
+        waiting = asyncio.ensure_future(link.models["m"].submit(
+            [np.ones((1, 2), np.float32)], 1, math.inf, 0, shape_key=((2,),)))
+        infer, _ = await engine.receive()
+        assert isinstance(infer, msg.Infer)
+        waiting.cancel()
+        cancel, _ = await engine.receive()
+        assert cancel == msg.Cancel(infer.id)
+        assert waiting.cancelled() and len(link.calls) == 0
+    finally:
+        link.close()
+        engine.socket.close()
+
+
+async def test_a_gone_engine_fails_every_waiter() -> None:
+    engine, link = await _linked()
+    try:
+        calls = [asyncio.ensure_future(link.call("/s/m", b"", math.inf)),
+                 asyncio.ensure_future(link.sync())]
+        for _ in calls:
+            await engine.receive()
+        link.calls.fail_all(ShuttingDown("the engine is gone"))
+        for call in calls:
+            with pytest.raises(ShuttingDown):
+                await call
+        assert len(link.calls) == 0
+    finally:
+        link.close()
+        engine.socket.close()
