@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 import grpc
 import numpy as np
 import pytest
+import pytest_asyncio
 
 from evenflow.balancer import BalancerConfig, BatchResult, Job, ModelBalancer, Worker
 from evenflow.client import (
@@ -23,7 +24,10 @@ from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.models.spec import SimProfile
 from tests.integration.inprocess import running_app
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("server_mode")]
+# One event loop for the module: the bad-request tests share one server per mode (it must keep
+# serving after each of them anyway) instead of starting one per case.
+pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("server_mode"),
+              pytest.mark.asyncio(loop_scope="module")]
 
 Tensor = pb.ModelInferRequest.InferInputTensor
 X = np.ones((1, 256), np.float32)
@@ -34,8 +38,9 @@ async def still_serves(client: AsyncClient) -> None:
     assert y["y"].shape == (1, 256)
 
 
-@pytest.fixture
-async def mlp() -> AsyncIterator[tuple[pb_grpc.GRPCInferenceServiceStub, AsyncClient]]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def mlp(server_mode: str
+              ) -> AsyncIterator[tuple[pb_grpc.GRPCInferenceServiceStub, AsyncClient]]:
     async with running_app(max_message_bytes=1 << 20) as (_, url), AsyncClient(url) as client:
         channel = grpc.aio.insecure_channel(url, options=[
             ("grpc.max_send_message_length", 1 << 24)])
@@ -177,7 +182,7 @@ class DeviceGate:
         await self._worker.set_device_fault("sim0", "clear", 0)
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="module")
 async def gated() -> AsyncIterator[tuple[AsyncClient, ModelBalancer, SubmitSpy, DeviceGate]]:
     models = (("mlp", "mlp"), ("gated", "sim"))
     # The gate makes batch times whatever the test holds them for: no time-based admission.
