@@ -180,7 +180,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         if not self.draining:
             self.track(context)
         try:
-            return await self._infer(request, _deadline_s(context))
+            return await self._infer(request, call_deadline_s(context))
         except EvenflowError as exc:
             self._count_failure(request, exc)
             await context.abort(status_of(exc), str(exc))
@@ -202,7 +202,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         if self.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
         self.track(context)
-        stream = _InferStream(self, _deadline_s(context))
+        stream = _InferStream(self, call_deadline_s(context))
         self._streams.add(stream)
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
@@ -366,6 +366,7 @@ def _as_is(response: pb.ModelInferResponse) -> pb.ModelInferResponse:
     return response
 
 
-def _deadline_s(context: grpc.aio.ServicerContext) -> float:
+def call_deadline_s(context: grpc.aio.ServicerContext) -> float:
+    """The call's deadline on ``time.monotonic()`` (inf: none), as the balancer reads it."""
     remaining_s = context.time_remaining()
     return math.inf if remaining_s is None else time.monotonic() + remaining_s

@@ -14,11 +14,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import math
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, cast
@@ -35,7 +33,7 @@ from evenflow.server.edge import event_loop
 from evenflow.server.edge.grpc_server import PortSettings, ServingPort, tls_files
 from evenflow.server.edge.registration import Forward, Register
 from evenflow.server.edge.security import load_token
-from evenflow.server.edge.servicer import EdgeServicer, InferTarget
+from evenflow.server.edge.servicer import EdgeServicer, InferTarget, call_deadline_s
 from evenflow.server.edge.status import status_from_value, status_of
 from evenflow.server.engine.served import find_model
 from evenflow.server.observability.logs import configure_logging
@@ -190,15 +188,16 @@ class FrontendServicer(EdgeServicer):
         return pb.ServerReadyResponse(ready=self.ready and self._link.serving)
 
 
-def _forwarder(link: EngineLink, edge: EdgeServicer) -> Forward:
+def forward_to_engine(link: EngineLink, edge: EdgeServicer) -> Forward:
+    """What serves each method the front-end does not answer itself: the request's bytes go
+    to the engine with the call's deadline, and its reply's status or bytes come back."""
     def forward(path: str) -> grpc.RpcMethodHandler:
         async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             if not edge.draining:  # taken: answered before the port closes
                 edge.track(context)
-            remaining_s = context.time_remaining()
-            deadline_s = math.inf if remaining_s is None else time.monotonic() + remaining_s
             try:
-                code, details, response = await link.call(path, request, deadline_s)
+                code, details, response = await link.call(path, request,
+                                                          call_deadline_s(context))
             except EvenflowError as exc:  # the engine is gone
                 await context.abort(status_of(exc), str(exc))
                 raise  # unreachable: abort raises
@@ -248,7 +247,7 @@ async def _serve(settings: FrontendSettings) -> None:
         services.append((evenflow_pb2_grpc.add_EvenflowAdminServicer_to_server,
                          evenflow_pb2_grpc.EvenflowAdminServicer()))
     await port.start(_port_settings(settings), services=services,
-                     forward=_forwarder(link, edge))
+                     forward=forward_to_engine(link, edge))
     edge.ready = True
     link.send(msg.Hello(settings.index, os.getpid(), listening=True))
     gc.collect()

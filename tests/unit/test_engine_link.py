@@ -1,21 +1,31 @@
 """A front-end's link to the engine (EngineLink, RemoteModel), against a test ROUTER standing in
 for the engine: what an Infer carries, answers matched by id (Bundles too), a cancelled call
-tells the engine and leaves nothing pending, a gone engine fails every waiter."""
+tells the engine and leaves nothing pending, a gone engine fails every waiter, and a call the
+front-end forwards gets the engine's answer or status."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
 
+import grpc
 import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
 
 from evenflow.balancer import InvalidRequest, ShuttingDown
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from evenflow.server.edge.grpc_server import INFERENCE_SERVICE, PortSettings, ServingPort
 from evenflow.server.models.spec import TensorSpec
-from evenflow.server.processes.frontend_process import EngineLink
+from evenflow.server.processes.frontend_process import (
+    EngineLink,
+    FrontendServicer,
+    forward_to_engine,
+)
 from evenflow.server.processes.ipc import arrays
 from evenflow.server.processes.ipc import frontend_messages as msg
 from evenflow.server.processes.ipc.errors import to_wire
@@ -123,5 +133,42 @@ async def test_a_gone_engine_fails_every_waiter() -> None:
                 await call
         assert len(link.calls) == 0
     finally:
+        link.close()
+        engine.socket.close()
+
+
+async def test_a_forwarded_call_carries_its_deadline_and_gets_the_engines_answer() -> None:
+    engine, link = await _linked()
+    edge = FrontendServicer(link=link, identity="frontend 0", server_name="evenflow",
+                            server_version="test", max_tensor_elements=1 << 20,
+                            on_failure=lambda model, code: None)
+    port = ServingPort(edge=edge)
+    bound = await port.start(PortSettings("127.0.0.1", 0, 1 << 20),
+                             forward=forward_to_engine(link, edge))
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{bound}")
+    try:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        before_s = time.monotonic()
+        answered = asyncio.ensure_future(stub.ModelMetadata(pb.ModelMetadataRequest(name="m"),
+                                                            timeout=20))
+        call, frames = await engine.receive()
+        assert isinstance(call, msg.Call) and call.method == f"/{INFERENCE_SERVICE}/ModelMetadata"
+        assert before_s < call.deadline_s <= time.monotonic() + 20
+        assert pb.ModelMetadataRequest.FromString(frames[0]).name == "m"
+        await engine.send((msg.Reply(call.id, 0), [
+            pb.ModelMetadataResponse(name="m", platform="pytorch").SerializeToString()]))
+        assert (await answered).platform == "pytorch"
+
+        refused = asyncio.ensure_future(stub.ModelMetadata(pb.ModelMetadataRequest(name="x")))
+        call, _ = await engine.receive()
+        assert isinstance(call, msg.Call) and call.deadline_s == math.inf  # no deadline
+        await engine.send((msg.Reply(call.id, grpc.StatusCode.NOT_FOUND.value[0], "no x"), []))
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await refused
+        assert (error.value.code(), error.value.details()) == (grpc.StatusCode.NOT_FOUND, "no x")
+    finally:
+        await channel.close()
+        await port.drain()
+        await port.close()
         link.close()
         engine.socket.close()
