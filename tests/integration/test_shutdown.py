@@ -99,7 +99,7 @@ async def test_what_is_left_fails_with_unavailable(server_factory, second_signal
     grace_s = "60" if second_signal else "0.5"
     server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "5000",
                             "--max-batch", "1", "--latency-target-ms", "60000",
-                            "--shutdown-grace-s", grace_s)
+                            "--shutdown-grace-s", grace_s, "--no-warmup")  # 5 s a batch
     async with grpc.aio.insecure_channel(server.url) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         calls = [asyncio.create_task(call(stub)) for _ in range(3)]  # one runs, two queue
@@ -121,7 +121,7 @@ async def test_open_stream_gets_its_answers_then_unavailable(server_factory) -> 
     the server ends it with UNAVAILABLE at once (it used to stay open until gRPC's stop gave up
     on it, 5 s later)."""
     server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "300",
-                            "--max-batch", "1", "--latency-target-ms", "60000")
+                            "--max-batch", "1", "--latency-target-ms", "60000", "--no-warmup")
     async with grpc.aio.insecure_channel(server.url) as channel:
         call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(timeout=30)
         for request_id in ("a", "b"):

@@ -121,7 +121,7 @@ def test_sync_client(mlp_server) -> None:
 
 async def test_sigterm_drains_in_flight_work_then_exits_zero(server_factory) -> None:
     server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "600",
-                            "--max-wait-ms", "0", "--latency-target-ms", "5000")
+                            "--max-wait-ms", "0", "--latency-target-ms", "5000", "--no-warmup")
     x = np.ones((1, 256), np.float32)
     async with AsyncClient(server.url) as client:
         await client.infer("sim", {"x": x}, timeout_s=10)  # warm
