@@ -166,6 +166,7 @@ def poisoned() -> ModelDefinition:
                            outputs=[TensorSpec("y", "FP32", (-1, 1))], traceable=False)
 
 
+@pytest.mark.slow  # starts a worker process (torch import) twice
 @pytest.mark.timeout(90)
 async def test_a_worker_process_exits_on_device_lost_and_restarts_fresh() -> None:
     from evenflow.server.config.server_config import PipelineConfig
