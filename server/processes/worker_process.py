@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from evenflow.server.edge import event_loop
 from evenflow.server.observability.logs import configure_logging
 from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import worker_messages as msg
@@ -147,14 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = child.read_settings(WorkerSpec)
     configure_logging(spec.log_level, spec.log_format)
-    run: Any
-    try:
-        import uvloop
-
-        run = uvloop.run
-    except ImportError:
-        run = asyncio.run
-    sys.exit(run(_main(spec, args[0])))
+    sys.exit(event_loop.run(_main(spec, args[0])))
 
 
 if __name__ == "__main__":
