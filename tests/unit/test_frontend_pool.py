@@ -12,11 +12,13 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import msgspec
 import numpy as np
 import pytest
 import zmq
 import zmq.asyncio
 
+from evenflow.server.config.server_config import ServerConfig
 from evenflow.server.engine.proxied_calls import ProxiedCalls
 from evenflow.server.engine.served import ModelTable, ServedModel
 from evenflow.server.models.spec import Padding, TensorSpec
@@ -169,3 +171,15 @@ async def test_failures_a_frontend_reports_are_counted_by_the_engine_once() -> N
     finally:
         frontend.socket.close()
         await pool.stop()
+
+
+def test_frontend_settings_are_the_configs_and_cross_on_stdin_whole() -> None:
+    config = ServerConfig(port=0, admin=True, auth_groups=("inference",), log_format="json")
+    settings = msg.FrontendSettings.from_config(config, index=1, engine_address="ipc://@e",
+                                                port=4321, server_version="9")
+    assert (settings.port, settings.admin, settings.auth_groups, settings.log_format) == \
+        (4321, True, ("inference",), "json")
+    assert settings.gil_switch_interval_s == config.gil_switch_interval_s  # one default
+    assert settings.tls_cert is None and settings.auth_token_file is None
+    encoded = msgspec.msgpack.encode(settings)  # as ipc.child writes it
+    assert msgspec.msgpack.decode(encoded, type=msg.FrontendSettings) == settings
