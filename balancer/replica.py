@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from evenflow.balancer.answers import answer_batch, fail_jobs
+from evenflow.balancer.backoff import Backoff
 from evenflow.balancer.config import BalancerConfig
 from evenflow.balancer.controller import BatchSizeController
 from evenflow.balancer.errors import (
@@ -464,16 +465,16 @@ class Replica:
                                                      name=f"restart:{self.name}")
 
     async def _restart(self) -> None:
-        delay_s = _FIRST_RESTART_DELAY_S
+        backoff = Backoff(_FIRST_RESTART_DELAY_S, _MAX_RESTART_DELAY_S)
         try:
             while True:
                 try:
                     await self.worker.restart()
                 except Exception:
+                    delay_s = backoff.next_s()
                     logger.exception("%s: restart failed; retrying in %.1f s", self.name,
                                      delay_s)
                     await sleep_s(self._time, delay_s)
-                    delay_s = min(2 * delay_s, _MAX_RESTART_DELAY_S)
                     continue
                 self.restarts += 1
                 logger.warning("%s: worker restarted; back in routing", self.name)

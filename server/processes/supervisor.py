@@ -18,7 +18,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from evenflow.balancer.backoff import Backoff
 from evenflow.server.processes.ipc import child
+
+__all__ = ["Backoff", "Child", "ChildNotReady"]
 
 T = TypeVar("T")
 
@@ -158,24 +161,3 @@ class Child:
             with contextlib.suppress(ProcessLookupError):
                 self.process.kill()
         return await self.process.wait()
-
-
-class Backoff:
-    """Delays between restarts: ``first_s``, then doubling up to ``max_s``; ``reset`` after a
-    child has run well, so that its next failure is retried soon again."""
-
-    def __init__(self, first_s: float, max_s: float) -> None:
-        if not 0 < first_s <= max_s:
-            raise ValueError(f"need 0 < first_s <= max_s, got {first_s}, {max_s}")
-        self._first_s = first_s
-        self._max_s = max_s
-        self._next_s = first_s
-
-    def next_s(self) -> float:
-        """The delay before the next attempt (and the one after it doubles)."""
-        delay_s = self._next_s
-        self._next_s = min(self._max_s, 2 * delay_s)
-        return delay_s
-
-    def reset(self) -> None:
-        self._next_s = self._first_s

@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from evenflow.server.processes.supervisor import Backoff, Child, ChildNotReady
+from evenflow.balancer.backoff import Backoff
+from evenflow.server.processes.supervisor import Child, ChildNotReady
 
 pytestmark = pytest.mark.timeout(30)
 
