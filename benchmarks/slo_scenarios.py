@@ -9,6 +9,7 @@ the devices, and events (a device slowing down mid-run). ``probe`` runs the prod
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import random
 from collections.abc import Sequence
@@ -173,7 +174,7 @@ async def probe(scenario: Scenario, config: BalancerConfig, rate_per_s: float, s
             continue
         sent += measured
         if measured:
-            future.add_done_callback(lambda f, t=arrived_s: answered(f, t))
+            future.add_done_callback(functools.partial(answered, arrived_s=arrived_s))
         pending.append(future)
     await asyncio.gather(*pending, return_exceptions=True)
     for balancer in balancers:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import math
 import random
 import selectors
@@ -72,6 +73,9 @@ class SimDevice(SingleDeviceWorker):
         await asyncio.sleep(cost_s)
         return BatchResult([None] * len(jobs), BatchTiming(0.0, cost_s, 0.0))
 
+    async def restart(self) -> None:
+        return None  # a simulated device never dies
+
     async def close(self) -> None:
         return None
 
@@ -107,6 +111,11 @@ async def closed_loop(config: BalancerConfig, speeds: Sequence[float], concurren
     return done_in_window / seconds
 
 
+def _record_latency(latencies_s: list[float], loop: asyncio.AbstractEventLoop, sent_s: float,
+                    _answer: asyncio.Future[object]) -> None:
+    latencies_s.append(loop.time() - sent_s)
+
+
 async def open_loop(config: BalancerConfig, speeds: Sequence[float], rate_per_s: float,
                     warmup_s: float, seconds: float, seed: int) -> list[float]:
     """Latencies (s) of Poisson arrivals at ``rate_per_s`` after a warm-up under the same load.
@@ -124,8 +133,7 @@ async def open_loop(config: BalancerConfig, speeds: Sequence[float], rate_per_s:
         sent_s = loop.time()
         future = balancer.submit(None, 1)
         if sent_s >= start_s + warmup_s:
-            future.add_done_callback(
-                lambda _, sent_s=sent_s: latencies_s.append(loop.time() - sent_s))
+            future.add_done_callback(functools.partial(_record_latency, latencies_s, loop, sent_s))
         pending.append(future)
     await asyncio.gather(*pending)
     await balancer.drain()

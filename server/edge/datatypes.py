@@ -4,6 +4,7 @@ Triton's ModelConfig enum."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -15,7 +16,7 @@ class WireType:
     name: str
     numpy_dtype: np.dtype  # storage of raw data (BF16 is carried as uint16 bits)
     contents_field: str | None  # InferTensorContents field for typed data; None = raw only
-    config_type: int  # inference.DataType
+    config_type: model_config_pb2.DataType  # inference.DataType
 
     @property
     def itemsize(self) -> int:
@@ -23,7 +24,9 @@ class WireType:
 
 
 def _wire(name: str, dtype: str, field: str | None, config: str) -> WireType:
-    return WireType(name, np.dtype(dtype), field, model_config_pb2.DataType.Value(config))
+    # The enum's members are plain ints at run time; the stubs give them their own type.
+    member = cast("model_config_pb2.DataType", model_config_pb2.DataType.Value(config))
+    return WireType(name, np.dtype(dtype), field, member)
 
 
 WIRE_TYPES: dict[str, WireType] = {w.name: w for w in (

@@ -204,7 +204,8 @@ class PipelineWorker:
             raise ShuttingDown(f"{self._name} is closed")
         await self._open.wait()  # closed while re-partitioning
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[BatchResult] = loop.create_future()
+        # What the last stage delivers: per-job outputs, the stages' times, the copy-out time.
+        future: asyncio.Future[tuple[list[Any], list[float], float]] = loop.create_future()
         specs = self._definition
         first = self._stages[0]
         prepared_s: list[float] = []
