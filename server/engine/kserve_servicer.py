@@ -9,6 +9,7 @@ import grpc
 
 from evenflow.balancer import EvenflowError, InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.server.edge.model_names import MODEL_VERSION
 from evenflow.server.edge.servicer import EdgeServicer
 from evenflow.server.edge.status import answers_errors
 from evenflow.server.engine.model_config import model_config, model_metadata, model_statistics
@@ -17,7 +18,7 @@ from evenflow.server.engine.model_control import (
     ModelState,
     source_from_load_parameters,
 )
-from evenflow.server.engine.served import MODEL_VERSION, ModelTable
+from evenflow.server.engine.served import ModelTable
 
 
 class InferenceServicer(EdgeServicer):

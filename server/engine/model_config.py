@@ -6,7 +6,8 @@ from evenflow.balancer.stats import DurationStat
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import model_config_pb2 as mc
 from evenflow.server.edge.datatypes import WIRE_TYPES
-from evenflow.server.engine.served import MODEL_VERSION, ServedModel
+from evenflow.server.edge.model_names import MODEL_VERSION
+from evenflow.server.engine.served import ServedModel
 
 
 def model_metadata(model: ServedModel) -> pb.ModelMetadataResponse:

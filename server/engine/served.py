@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-from evenflow.balancer import ModelBalancer, ModelNotFound
+from evenflow.balancer import ModelBalancer
 from evenflow.balancer.stats import CpuParts
+from evenflow.server.edge.model_names import find_model
 from evenflow.server.models.spec import ModelDefinition
-
-MODEL_VERSION = "1"
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,18 +27,6 @@ class ServedModel:
     def submit(self, payload: Any, num_samples: int, deadline_s: float = math.inf,
                priority: int = 0, shape_key: Hashable = None) -> asyncio.Future[Any]:
         return self.balancer.submit(payload, num_samples, deadline_s, priority, shape_key)
-
-
-def find_model(models: Mapping[str, T], name: str, version: str) -> T:
-    """``models[name]``, or ModelNotFound naming what is served (every model has one
-    version, "1"; an empty version means it)."""
-    model = models.get(name)
-    if model is None:
-        raise ModelNotFound(f"unknown model {name[:64]!r}; serving {sorted(models)}")
-    if version and version != MODEL_VERSION:
-        raise ModelNotFound(f"model {name!r} has no version {version[:16]!r}; "
-                            f"versions: [{MODEL_VERSION!r}]")
-    return model
 
 
 class ModelTable:

@@ -16,7 +16,8 @@ from prometheus_client.metrics_core import Metric
 
 from evenflow.balancer import ReplicaSnapshot
 from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS, ModelStatistics
-from evenflow.server.engine.served import MODEL_VERSION, ServedModel
+from evenflow.server.edge.model_names import MODEL_VERSION
+from evenflow.server.engine.served import ServedModel
 from evenflow.server.observability.prometheus import MetricFamily, histogram
 from evenflow.server.observability.telemetry import GpuSample
 

@@ -31,11 +31,11 @@ from evenflow.proto import evenflow_pb2_grpc
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.edge import event_loop
 from evenflow.server.edge.grpc_server import PortSettings, ServingPort, tls_files
+from evenflow.server.edge.model_names import find_model
 from evenflow.server.edge.registration import Forward, Register
 from evenflow.server.edge.security import load_token
 from evenflow.server.edge.servicer import EdgeServicer, InferTarget, call_deadline_s
 from evenflow.server.edge.status import status_from_value, status_of
-from evenflow.server.engine.served import find_model
 from evenflow.server.observability.logs import configure_logging
 from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import frontend_messages as msg
