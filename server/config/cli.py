@@ -8,9 +8,8 @@ through; the help texts read those defaults rather than restating them.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.config.deployment_file import ConfigError, file_defaults, load
 from evenflow.server.config.server_config import DTYPES, PARTITIONS, ServerConfig
+from evenflow.server.edge import event_loop
 from evenflow.server.models.builtin import ENCODER_SIZES
 from evenflow.server.models.repository import parse_model_arg
 from evenflow.server.observability.logs import configure_logging
@@ -230,14 +230,6 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
     return load(args.config, overrides_from_args(args))
 
 
-def _run(coroutine: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
-        return asyncio.run(coroutine())
-    return uvloop.run(coroutine())
-
-
 def _check_config(args: argparse.Namespace) -> int:
     try:
         config = load(args.file, overrides_from_args(args))
@@ -285,10 +277,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from evenflow.server.engine.demo import run_demo
 
-        return int(_run(lambda: run_demo(config, num_requests=args.requests)))
+        return int(event_loop.run(run_demo(config, num_requests=args.requests)))
     from evenflow.server.engine.app import serve
 
-    _run(lambda: serve(config))
+    event_loop.run(serve(config))
     return 0
 
 

@@ -17,3 +17,15 @@ def run(coroutine: Coroutine[Any, Any, T]) -> T:
     except ImportError:  # pragma: no cover - uvloop is a dependency where it installs
         return asyncio.run(coroutine)
     return uvloop.run(coroutine)
+
+
+async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
+    """Cancel a background task its owner is closing and wait until it has ended. Its own
+    cancellation is not raised here, an exception it ended with is; a cancellation of the
+    caller still reaches the caller (``asyncio.wait`` does not swallow it)."""
+    if task is None:
+        return
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled():
+        task.result()

@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from evenflow.server.edge.event_loop import cancel_and_wait
+
 logger = logging.getLogger(__name__)
 
 
@@ -191,10 +193,7 @@ class NvmlSampler:
             await asyncio.sleep(self._interval_s)
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         with contextlib.suppress(Exception):
             self._nvml.nvmlShutdown()

@@ -7,12 +7,12 @@ removes one (drained) when a device leaves."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import Counter
 
 import ray
 
+from evenflow.server.edge.event_loop import cancel_and_wait
 from evenflow.server.engine.model_control import ModelManager
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.ray_resources import SIM_RESOURCE
@@ -45,11 +45,8 @@ class ClusterFollower:
         self._task = asyncio.create_task(self._run(), name="ray:follow-cluster")
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         while True:

@@ -17,11 +17,6 @@ import msgspec
 T = TypeVar("T")
 
 
-async def spawn(module: str, *args: str, settings: object) -> asyncio.subprocess.Process:
-    """Start ``python -m module args`` with ``settings`` on its stdin (kept open)."""
-    return await spawn_python(["-m", module, *args], settings=settings)
-
-
 async def spawn_python(python_args: Sequence[str], *, settings: object,
                        stderr: int | None = None) -> asyncio.subprocess.Process:
     """Start this interpreter with ``python_args`` and ``settings`` on its stdin (kept open);

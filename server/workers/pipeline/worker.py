@@ -26,6 +26,7 @@ from evenflow.balancer.partition import (
     plan_cost_per_device,
     plan_stages_per_device,
 )
+from evenflow.server.edge.event_loop import cancel_and_wait
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.pipeline.layers import (
@@ -319,10 +320,7 @@ class PipelineWorker:
         if self._closed:
             return
         self._closed = True
-        if self._repartition_task is not None:
-            self._repartition_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._repartition_task
+        await cancel_and_wait(self._repartition_task)
         self._stages[0].stop()  # the stop travels down the pipeline behind the work
         for stage in self._stages:
             await asyncio.to_thread(stage.join)
