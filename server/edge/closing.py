@@ -33,8 +33,9 @@ class ClosedPort:
 
 
 def close_port(port: int) -> ClosedPort:
-    """Shut down this process's listening TCP sockets on ``port``, then send FIN on every
-    connection accepted on it. The file descriptors stay open: they are gRPC's to close."""
+    """Shut down this process's listening TCP sockets on ``port`` (gRPC's descriptors parked
+    on a socket no client reaches), then send FIN on every connection accepted on it. The file
+    descriptors stay open: they are gRPC's to close."""
     if not os.path.isdir(_FD_DIR):
         logger.info("no %s: client connections on port %d are left to gRPC", _FD_DIR, port)
         return ClosedPort(0, 0)
@@ -42,13 +43,14 @@ def close_port(port: int) -> ClosedPort:
     # and a client whose connection closes, reconnecting at once, is refused.
     addresses: set[str] = set()
     listeners = 0
-    for sock in _sockets_on(port):
+    for fd, sock in _sockets_on(port):
         with sock:  # the duplicate only
             if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
                 addresses.add(sock.getsockname()[0])
+                _park(fd)
                 listeners += _shutdown(sock, socket.SHUT_RDWR)
     connections = 0
-    for sock in _sockets_on(port):
+    for _, sock in _sockets_on(port):
         with sock:
             if (_accepted_by(sock, addresses) and _has_peer(sock)
                     and _shutdown(sock, socket.SHUT_WR)):
@@ -56,9 +58,23 @@ def close_port(port: int) -> ClosedPort:
     return ClosedPort(listeners, connections)
 
 
-def _sockets_on(port: int) -> list[socket.socket]:
-    found = (_tcp_socket_on(int(name), port) for name in os.listdir(_FD_DIR))
-    return [sock for sock in found if sock is not None]
+def _sockets_on(port: int) -> list[tuple[int, socket.socket]]:
+    """Each descriptor of this process on a TCP socket bound to ``port``, with a duplicate."""
+    found = ((int(name), _tcp_socket_on(int(name), port)) for name in os.listdir(_FD_DIR))
+    return [(fd, sock) for fd, sock in found if sock is not None]
+
+
+def _park(fd: int) -> None:
+    """Point gRPC's listening descriptor at a listening socket no client can reach (a Unix
+    socket in the abstract namespace), before the TCP listener is shut down: gRPC's accept
+    then finds nothing to accept (EAGAIN, and it waits) instead of failing with EINVAL, which
+    it logs as an error ("Closing acceptor. Failed accept4") on every shutdown."""
+    parked = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with parked:
+        parked.bind(f"\0evenflow-closed-{os.getpid()}-{fd}-{id(parked)}")
+        parked.listen(1)
+        parked.setblocking(False)  # as gRPC's own listener was
+        os.dup2(parked.fileno(), fd, inheritable=False)
 
 
 def _accepted_by(sock: socket.socket, listener_addresses: set[str]) -> bool:
