@@ -35,6 +35,7 @@ def _workers(app: App) -> list[ProcessWorker]:
     return [r.worker for r in replicas]  # type: ignore[misc]
 
 
+@pytest.mark.timing  # serves again within 5 s of the kill: a process start, torch import included
 async def test_a_killed_worker_process_loses_no_request_and_serves_again() -> None:
     async with running_app((("sim", "sim"),), devices="sim:1,sim:1", sim_profile=FAST,
                            workers="process", frontends=1) as (app, url):
