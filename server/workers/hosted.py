@@ -14,12 +14,13 @@ from evenflow.balancer.job import BatchResult, BatchTiming, Job
 from evenflow.server.processes.ipc import worker_messages as msg
 from evenflow.server.processes.ipc.errors import from_wire
 from evenflow.server.workers.batch_rows import join_rows, split_rows
+from evenflow.server.workers.identity import WorkerIdentity
 from evenflow.server.workers.worker_spec import WorkerSpec
 
 BatchReply: TypeAlias = msg.BatchDone | msg.BatchError
 
 
-class HostedWorker:
+class HostedWorker(WorkerIdentity):
     """What a worker run elsewhere (a worker process, a Ray actor) knows of itself without
     asking: its spec's name and devices, how many batches it takes at once, and the status its
     last answer carried; how it runs a batch and a control: the request to the host's
@@ -35,8 +36,7 @@ class HostedWorker:
 
     def __init__(self, spec: WorkerSpec, max_in_flight: int) -> None:
         self._spec = spec
-        self._name = spec.name
-        self._devices = tuple(d.name for d in spec.devices)
+        super().__init__(spec.name, [d.name for d in spec.devices])
         self._max_in_flight = max_in_flight
         self._status = WorkerStatus()
         self._closed = False
@@ -92,14 +92,6 @@ class HostedWorker:
             raise BatchFailed(f"worker {self._name} is closed")
         await self._kill()
         await self.start()
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def devices(self) -> Sequence[str]:
-        return self._devices
 
     @property
     def max_in_flight(self) -> int:

@@ -12,6 +12,7 @@ from typing import Any
 
 from evenflow.balancer.errors import BatchFailed, EvenflowError, WorkerLost
 from evenflow.balancer.job import BatchResult, Job, SingleDeviceWorker
+from evenflow.server.workers.identity import WorkerIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ class ThreadExit(BaseException):
     batch in hand is answered WorkerLost and the thread is gone."""
 
 
-class ThreadWorker(SingleDeviceWorker):
+class ThreadWorker(WorkerIdentity, SingleDeviceWorker):
     """Base of the device workers: one thread, one batch at a time.
 
     ``run`` posts the batch to the thread and awaits a future that the thread resolves through
@@ -33,8 +34,7 @@ class ThreadWorker(SingleDeviceWorker):
     """
 
     def __init__(self, *, name: str, devices: Sequence[str]) -> None:
-        self._name = name
-        self._devices = tuple(devices)
+        super().__init__(name, devices)
         self._closed = False
         self._inbox, self._thread = self._start_thread()
 
@@ -44,14 +44,6 @@ class ThreadWorker(SingleDeviceWorker):
                                   name=f"worker:{self._name}", daemon=True)
         thread.start()
         return inbox, thread
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def devices(self) -> Sequence[str]:
-        return self._devices
 
     async def run(self, jobs: Sequence[Job]) -> BatchResult:
         if self._closed:
