@@ -10,16 +10,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from evenflow.client._codec import (
-    ChannelOptions,
-    Inputs,
-    ModelMetadata,
-    StreamResult,
-    build_request,
-    parse_metadata,
-    parse_response,
-    parse_stream_response,
-)
+from evenflow.client import _codec as codec
 from evenflow.client.credentials import Credentials, aio_channel
 from evenflow.client.errors import from_rpc_error
 from evenflow.proto import grpc_service_pb2 as pb
@@ -43,10 +34,11 @@ class AsyncClient:
     an ``InferenceServerError`` subclass at once.
     """
 
-    def __init__(self, url: str, *, options: ChannelOptions | None = None, retries: int = 2,
+    def __init__(self, url: str, *, options: codec.ChannelOptions | None = None, retries: int = 2,
                  retry_backoff_s: float = 0.05,
                  credentials: Credentials | None = None) -> None:
-        self._channel = aio_channel(url, (options or ChannelOptions()).grpc_options(), credentials)
+        self._channel = aio_channel(url, (options or codec.ChannelOptions()).grpc_options(),
+                                    credentials)
         self._metadata = credentials.metadata if credentials is not None else None
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._retries = retries
@@ -88,20 +80,22 @@ class AsyncClient:
                                     timeout_s)
         return response.ready
 
-    async def model_metadata(self, name: str, *, timeout_s: float | None = None) -> ModelMetadata:
+    async def model_metadata(self, name: str, *,
+                             timeout_s: float | None = None) -> codec.ModelMetadata:
         response = await self._call(self._stub.ModelMetadata, pb.ModelMetadataRequest(name=name),
                                     timeout_s)
-        return parse_metadata(response)
+        return codec.parse_metadata(response)
 
-    async def infer(self, model: str, inputs: Inputs, *, outputs: Sequence[str] | None = None,
+    async def infer(self, model: str, inputs: codec.Inputs, *, outputs: Sequence[str] | None = None,
                     timeout_s: float | None = None, request_id: str | None = None,
                     priority: int | None = None) -> dict[str, np.ndarray]:
-        request = build_request(model, inputs, outputs, request_id, priority=priority)
-        return parse_response(await self._call(self._stub.ModelInfer, request, timeout_s))
+        request = codec.build_request(model, inputs, outputs, request_id, priority=priority)
+        return codec.parse_response(await self._call(self._stub.ModelInfer, request, timeout_s))
 
-    async def stream_infer(self, model: str, inputs: AsyncIterable[Inputs] | Iterable[Inputs], *,
+    async def stream_infer(self, model: str,
+                           inputs: AsyncIterable[codec.Inputs] | Iterable[codec.Inputs], *,
                            outputs: Sequence[str] | None = None,
-                           timeout_s: float | None = None) -> AsyncIterator[StreamResult]:
+                           timeout_s: float | None = None) -> AsyncIterator[codec.StreamResult]:
         """Send every input set over one ModelStreamInfer stream; yield answers as they come
         (match them by ``request_id``: request ``i`` gets id ``str(i)``)."""
 
@@ -109,18 +103,18 @@ class AsyncClient:
             index = 0
             if isinstance(inputs, AsyncIterable):
                 async for item in inputs:
-                    yield build_request(model, item, outputs, str(index))
+                    yield codec.build_request(model, item, outputs, str(index))
                     index += 1
             else:
                 for item in inputs:
-                    yield build_request(model, item, outputs, str(index))
+                    yield codec.build_request(model, item, outputs, str(index))
                     index += 1
 
         call = self._stub.ModelStreamInfer(requests(), timeout=timeout_s,
                                             metadata=self._metadata)
         try:
             async for response in call:
-                yield parse_stream_response(response)
+                yield codec.parse_stream_response(response)
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc) from exc
         finally:

@@ -10,16 +10,7 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from evenflow.client._codec import (
-    ChannelOptions,
-    Inputs,
-    ModelMetadata,
-    StreamResult,
-    build_request,
-    parse_metadata,
-    parse_response,
-    parse_stream_response,
-)
+from evenflow.client import _codec as codec
 from evenflow.client.credentials import Credentials, sync_channel
 from evenflow.client.errors import from_rpc_error
 from evenflow.proto import grpc_service_pb2 as pb
@@ -37,10 +28,11 @@ class Client:
             y = client.infer("mlp", {"x": np.ones((1, 256), np.float32)})["y"]
     """
 
-    def __init__(self, url: str, *, options: ChannelOptions | None = None, retries: int = 2,
+    def __init__(self, url: str, *, options: codec.ChannelOptions | None = None, retries: int = 2,
                  retry_backoff_s: float = 0.05,
                  credentials: Credentials | None = None) -> None:
-        self._channel = sync_channel(url, (options or ChannelOptions()).grpc_options(), credentials)
+        self._channel = sync_channel(url, (options or codec.ChannelOptions()).grpc_options(),
+                                     credentials)
         self._metadata = credentials.metadata if credentials is not None else None
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._retries = retries
@@ -78,26 +70,27 @@ class Client:
         return self._call(self._stub.ModelReady, pb.ModelReadyRequest(name=name),
                           timeout_s).ready
 
-    def model_metadata(self, name: str, *, timeout_s: float | None = None) -> ModelMetadata:
-        return parse_metadata(self._call(self._stub.ModelMetadata,
+    def model_metadata(self, name: str, *, timeout_s: float | None = None) -> codec.ModelMetadata:
+        return codec.parse_metadata(self._call(self._stub.ModelMetadata,
                                          pb.ModelMetadataRequest(name=name), timeout_s))
 
-    def infer(self, model: str, inputs: Inputs, *, outputs: Sequence[str] | None = None,
+    def infer(self, model: str, inputs: codec.Inputs, *, outputs: Sequence[str] | None = None,
               timeout_s: float | None = None, request_id: str | None = None,
               priority: int | None = None) -> dict[str, np.ndarray]:
-        request = build_request(model, inputs, outputs, request_id, priority=priority)
-        return parse_response(self._call(self._stub.ModelInfer, request, timeout_s))
+        request = codec.build_request(model, inputs, outputs, request_id, priority=priority)
+        return codec.parse_response(self._call(self._stub.ModelInfer, request, timeout_s))
 
-    def stream_infer(self, model: str, inputs: Iterable[Inputs], *,
+    def stream_infer(self, model: str, inputs: Iterable[codec.Inputs], *,
                      outputs: Sequence[str] | None = None,
-                     timeout_s: float | None = None) -> Iterator[StreamResult]:
+                     timeout_s: float | None = None) -> Iterator[codec.StreamResult]:
         """One ModelStreamInfer stream; request ``i`` gets id ``str(i)``."""
-        requests = (build_request(model, item, outputs, str(i)) for i, item in enumerate(inputs))
+        requests = (codec.build_request(model, item, outputs, str(i))
+                    for i, item in enumerate(inputs))
         call = self._stub.ModelStreamInfer(requests, timeout=timeout_s,
                                             metadata=self._metadata)
         try:
             for response in call:
-                yield parse_stream_response(response)
+                yield codec.parse_stream_response(response)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from exc
         finally:
