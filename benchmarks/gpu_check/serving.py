@@ -21,9 +21,9 @@ from benchmarks.harness import Server, evenflow_argv, start
 from evenflow.client import Client
 from evenflow.server.models.builtin import ENCODER_SIZES, build_encoder, build_mlp
 from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.workers.hosts import TORCH_DTYPES
 from evenflow.server.workers.replica_module import module_for
 from evenflow.server.workers.tensors import to_device, to_host
+from evenflow.server.workers.thread_host import TORCH_DTYPES
 
 # Requests per model: their batch sizes. Sent one at a time, so each request is a batch alone
 # and the direct call sees exactly the batch the server ran.

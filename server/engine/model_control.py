@@ -31,13 +31,10 @@ from evenflow.server.engine.warmup import warm_up
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.observability import cpu_accounting
 from evenflow.server.workers.devices import DeviceSpec
-from evenflow.server.workers.hosts import (
-    WorkerSpec,
-    build_workers,
-    device_groups,
-    load_spec_definition,
-)
+from evenflow.server.workers.hosts import build_workers
 from evenflow.server.workers.ray_resources import RayPlacement
+from evenflow.server.workers.thread_host import load_spec_definition
+from evenflow.server.workers.worker_spec import WorkerSpec, device_groups
 
 logger = logging.getLogger(__name__)
 

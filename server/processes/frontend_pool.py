@@ -27,6 +27,7 @@ import msgspec
 import zmq
 
 from evenflow.balancer import EvenflowError, InvalidRequest, ModelNotFound, ShuttingDown
+from evenflow.balancer.backoff import Backoff
 from evenflow.server.edge.status import internal_error
 from evenflow.server.engine.proxied_calls import ProxiedCalls
 from evenflow.server.engine.served import ModelTable, ServedModel
@@ -36,7 +37,7 @@ from evenflow.server.processes.ipc import frontend_messages as msg
 from evenflow.server.processes.ipc.errors import to_wire
 from evenflow.server.processes.ipc.frontend_messages import FrontendSettings
 from evenflow.server.processes.ipc.loop_socket import LoopSocket
-from evenflow.server.processes.supervisor import Backoff, Child, ChildNotReady
+from evenflow.server.processes.supervisor import Child, ChildNotReady
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ state is inherited) with its settings on stdin (``ipc.child``). The child's stde
 through to ours, and its last few KiB are kept, so that a child that dies while starting is
 reported with its exit code and the traceback it printed. ``until_ready`` waits for the first
 of: the child's ready signal (a future its owner resolves from the child's first message), its
-exit, a bound; ``stop`` waits a bound for it to exit, then kills it. ``Backoff`` spaces the
-restarts of a child that keeps dying.
+exit, a bound; ``stop`` waits a bound for it to exit, then kills it. Restarts are spaced by
+``evenflow.balancer.backoff.Backoff``.
 """
 
 from __future__ import annotations
@@ -18,10 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from evenflow.balancer.backoff import Backoff
 from evenflow.server.processes.ipc import child
-
-__all__ = ["Backoff", "Child", "ChildNotReady"]
 
 T = TypeVar("T")
 

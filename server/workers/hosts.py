@@ -12,17 +12,9 @@ import asyncio
 from evenflow.balancer import Worker
 from evenflow.server.config.server_config import WORKER_HOSTS, ServerConfig
 from evenflow.server.models.spec import ModelDefinition
-from evenflow.server.workers.hosted import HostedWorker
 from evenflow.server.workers.ray_resources import RayPlacement
-from evenflow.server.workers.thread_host import (
-    TORCH_DTYPES,
-    build_thread_worker,
-    load_spec_definition,
-)
-from evenflow.server.workers.worker_spec import WorkerSpec, device_groups
-
-__all__ = ["TORCH_DTYPES", "HostedWorker", "WorkerSpec", "build_thread_worker", "build_workers",
-           "device_groups", "load_spec_definition"]
+from evenflow.server.workers.thread_host import build_thread_worker
+from evenflow.server.workers.worker_spec import WorkerSpec
 
 
 async def build_workers(specs: list[WorkerSpec], definition: ModelDefinition,

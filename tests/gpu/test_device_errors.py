@@ -101,8 +101,8 @@ async def test_a_device_side_assert_restarts_a_process_replica_into_a_fresh_cont
     from evenflow.server.config.server_config import PipelineConfig
     from evenflow.server.models.repository import BuiltinOptions
     from evenflow.server.workers.devices import parse_devices
-    from evenflow.server.workers.hosts import WorkerSpec
     from evenflow.server.workers.process_host import ProcessWorker
+    from evenflow.server.workers.worker_spec import WorkerSpec
 
     specs = [WorkerSpec(model_name="emb", source=f"{__name__}:embedding", devices=(device,),
                         builtins=BuiltinOptions(), pipeline=PipelineConfig())

@@ -143,7 +143,7 @@ async def test_a_worker_that_renews_its_device_is_restarted_and_back_in_routing(
 
 def test_hosted_workers_say_a_restart_renews_their_device() -> None:
     from evenflow.balancer.replica import restart_renews_device
-    from evenflow.server.workers.hosts import HostedWorker
+    from evenflow.server.workers.hosted import HostedWorker
     from evenflow.server.workers.thread_worker import ThreadWorker
 
     assert HostedWorker.restart_renews_device
@@ -173,8 +173,8 @@ async def test_a_worker_process_exits_on_device_lost_and_restarts_fresh() -> Non
     from evenflow.server.models.repository import BuiltinOptions
     from evenflow.server.processes.worker_process import DEVICE_LOST_EXIT_CODE
     from evenflow.server.workers.devices import parse_devices
-    from evenflow.server.workers.hosts import WorkerSpec
     from evenflow.server.workers.process_host import ProcessWorker
+    from evenflow.server.workers.worker_spec import WorkerSpec
 
     spec = WorkerSpec(model_name="p", source=f"{__name__}:poisoned",
                       devices=tuple(parse_devices("cpu:0")), builtins=BuiltinOptions(),
