@@ -11,7 +11,7 @@ from pathlib import Path
 from setuptools import setup
 
 TOP_LEVEL = ("proto", "server", "balancer", "client", "loadtest")
-DATA_FILES = ["*.proto", "*.pyi", "*.toml", "*.json", "py.typed"]
+DATA_FILES = ["*.proto", "*.pyi", "*.toml", "*.json", "*.html", "py.typed"]
 
 
 def discover(root: Path) -> list[str]:

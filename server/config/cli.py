@@ -46,6 +46,15 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected a comma list of numbers: {text!r}") from None
 
 
+def _port_or_off(text: str) -> int | str:
+    if text == "off":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number or off: {text!r}") from None
+
+
 def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",")]
 
@@ -55,7 +64,10 @@ _QUEUE_BUDGET = BalancerConfig()  # where the default queueing budget is stated
 FLAGS: dict[str, list[Flag]] = {
     "network": [
         Flag("--host", "server.host", "address to bind"),
-        Flag("--port", "server.port", "port (0 picks a free one and prints it)", int),
+        Flag("--port", "server.port", "gRPC port (0 picks a free one and prints it)", int),
+        Flag("--http-port", "server.http_port",
+             "serve the KServe v2 REST API and the devices page (/) on this port beside "
+             "gRPC (0: any free port, printed; off: no HTTP)", _port_or_off),
         Flag("--max-message-bytes", "server.max_message_bytes",
              "largest gRPC message in either direction", int),
         Flag("--max-tensor-elements", "server.max_tensor_elements",

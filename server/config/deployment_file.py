@@ -6,8 +6,8 @@ Every key is optional: a key left out takes the default stated once in ``server.
 with the key, the value and the reason, all problems at once (``ConfigError``).
 
     [server]     host, port, max_message_bytes, max_tensor_elements, shutdown_grace_s,
-                 gil_switch_interval_us, metrics_port, log_level, log_format, frontends, workers,
-                 ray_address, ray_placement_timeout_s
+                 gil_switch_interval_us, http_port, metrics_port, log_level, log_format,
+                 frontends, workers, ray_address, ray_placement_timeout_s
     [devices]    list, cpu_threads, dtype, warmup_batches
     [security]   admin, allow_any_model_source, tls_cert, tls_key, tls_client_ca,
                  auth_token_file, auth_groups
@@ -65,6 +65,7 @@ class ServerSection(_Section):
     max_tensor_elements: Positive | None = None
     shutdown_grace_s: NonNegativeFloat | None = None
     gil_switch_interval_us: PositiveFloat | None = None
+    http_port: Port | Literal["off"] | None = None
     metrics_port: Port | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
     log_format: Literal["text", "json"] | None = None
@@ -315,7 +316,8 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                    "max_tensor_elements": config.max_tensor_elements,
                    "shutdown_grace_s": config.shutdown_grace_s,
                    "gil_switch_interval_us": round(config.gil_switch_interval_s * 1e6, 3),
-                   "metrics_port": config.metrics_port, "log_level": config.log_level,
+                   "http_port": config.http_port, "metrics_port": config.metrics_port,
+                   "log_level": config.log_level,
                    "log_format": config.log_format, "frontends": config.frontends,
                    "workers": config.workers, "ray_address": config.ray_address,
                    "ray_placement_timeout_s": config.ray_placement_timeout_s},
@@ -390,7 +392,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
     sim_profile = dataclasses.replace(
         defaults.builtins.sim_profile,
         **_set(base_ms=builtins.sim_base_ms, per_sample_ms=builtins.sim_per_sample_ms))
-    return dataclasses.replace(
+    config = dataclasses.replace(
         defaults, balancer=balancer, pipeline=pipeline,
         builtins=dataclasses.replace(
             defaults.builtins, sim_profile=sim_profile,
@@ -399,6 +401,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
         **_set(host=server.host, port=server.port, max_message_bytes=server.max_message_bytes,
                max_tensor_elements=server.max_tensor_elements,
                shutdown_grace_s=server.shutdown_grace_s, metrics_port=server.metrics_port,
+               http_port=server.http_port if server.http_port != "off" else None,
                log_level=server.log_level, log_format=server.log_format,
                frontends=server.frontends, workers=server.workers,
                ray_address=server.ray_address,
@@ -414,6 +417,8 @@ def to_server_config(settings: Settings) -> ServerConfig:
                auth_token_file=_path(security.auth_token_file),
                auth_groups=tuple(security.auth_groups) if security.auth_groups else None,
                models=models or None))
+    # "off" is the one key whose value turns something off rather than leaving it unset.
+    return dataclasses.replace(config, http_port=None) if server.http_port == "off" else config
 
 
 def _path(value: str | None) -> Path | None:

@@ -74,6 +74,8 @@ class ServerConfig:
     admin: serve the admin service (changes simulated devices).
     allow_any_model_source: model control may load sources the configuration does not name
         (they run arbitrary code: off unless asked for).
+    http_port: serve the KServe v2 REST API (and the devices page at ``/``) on this port,
+        beside gRPC (Triton's 8000; 0 picks a free port; None serves no HTTP).
     metrics_port: serve Prometheus metrics at http://host:PORT/metrics (0 picks a free port);
         None serves none.
     shutdown_grace_s: on SIGTERM, how long in-flight requests get to finish.
@@ -110,6 +112,7 @@ class ServerConfig:
     builtins: BuiltinOptions = field(default_factory=BuiltinOptions)
     admin: bool = False
     allow_any_model_source: bool = False
+    http_port: int | None = 8000
     metrics_port: int | None = None
     shutdown_grace_s: float = 30.0
     frontends: int = 1

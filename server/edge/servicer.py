@@ -11,11 +11,12 @@ import functools
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
+import numpy as np
 
 from evenflow.balancer import (
     ErrorCode,
@@ -94,6 +95,10 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._all_sent.set()
         self._streams: set[_InferStream] = set()
 
+    @property
+    def metadata(self) -> pb.ServerMetadataResponse:
+        return self._metadata
+
     def drain(self) -> None:
         """Shutting down: new inference calls, and new requests on open streams, hear
         UNAVAILABLE; what was admitted is still answered, and each open stream ends with
@@ -108,7 +113,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._all_sent.clear()
         context.add_done_callback(self._call_done)
 
-    def _call_done(self, _context: grpc.aio.ServicerContext) -> None:
+    def _call_done(self, _context: grpc.aio.ServicerContext | None) -> None:
         self._open_calls -= 1
         if self._open_calls == 0:
             self._all_sent.set()
@@ -158,17 +163,39 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         started_s = clock()
         arrays, num_samples = codec.decode_inputs(request, specs.inputs, self._max_elements)
         chosen = codec.requested_outputs(request, specs.outputs)
-        lengths = shape_key = None
-        if specs.variable_shapes:
-            if specs.padding is not None:
-                arrays, lengths = shapes.pad_inputs(arrays, specs.inputs, specs.padding)
-            shape_key = shapes.shape_key(arrays)
-        decoded_s = clock()
-        answer = model.submit(arrays, num_samples, deadline_s, priority, shape_key=shape_key)
-        if cpu is not None:
-            cpu.add("decode", decoded_s - started_s)
-            cpu.add("route", clock() - decoded_s)
+        answer, lengths = submit_arrays(model, arrays, num_samples, deadline_s, priority,
+                                        started_s, clock)
         return _Pending(answer, request, specs.outputs, chosen, lengths, cpu)
+
+    async def model(self, name: str, version: str) -> InferTarget:
+        """The model ``name`` serves requests to (ModelNotFound when there is none), for an
+        edge of another protocol (HTTP) that decodes requests itself."""
+        try:
+            return self._models.get(name, version)
+        except ModelNotFound:
+            return await self._missing_model(name, version)
+
+    def refuse_when_draining(self) -> None:
+        """ShuttingDown once the server drains: a new request goes to another replica."""
+        if self.draining:
+            raise _shutting_down()
+
+    @contextlib.contextmanager
+    def open_request(self) -> Iterator[None]:
+        """Count a request of another protocol (HTTP) until its answer is written, as
+        ``track`` counts a gRPC call, so that ``answered`` waits for it too."""
+        self._open_calls += 1
+        self._all_sent.clear()
+        try:
+            yield
+        finally:
+            self._call_done(None)
+
+    def count_failure(self, model_name: str, request_id: str, exc: EvenflowError) -> None:
+        """A failed request, counted for the server's metrics and logged (see ``_log_failure``)."""
+        # Only served names become labels: a client must not grow the metrics without bound.
+        self._on_failure(model_name if model_name in self._models else "", status_of(exc).name)
+        _log_failure(model_name, request_id, exc)
 
     async def _missing_model(self, name: str, version: str) -> InferTarget:
         """A request named a model this directory does not hold: where the directory is a
@@ -225,10 +252,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _count_failure(self, request: pb.ModelInferRequest | Undecodable,
                        exc: EvenflowError) -> None:
-        # Only served names become labels: a client must not grow the metrics without bound.
-        model = request.model_name if request.model_name in self._models else ""
-        self._on_failure(model, status_of(exc).name)
-        _log_failure(request, exc)
+        self.count_failure(request.model_name, request.id, exc)
 
     async def ServerLive(self, request: pb.ServerLiveRequest,
                          context: grpc.aio.ServicerContext) -> pb.ServerLiveResponse:
@@ -243,13 +267,34 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         return self._metadata
 
 
-def _log_failure(request: pb.ModelInferRequest | Undecodable, exc: EvenflowError) -> None:
+def _log_failure(model_name: str, request_id: str, exc: EvenflowError) -> None:
     """A failed request, with its id: a warning when the server failed it (INTERNAL), debug
     when the request itself was at fault or refused (those can come by the thousand)."""
     level = logging.WARNING if exc.code is ErrorCode.INTERNAL else logging.DEBUG
     if logger.isEnabledFor(level):
         logger.log(level, "request failed: %s", exc, extra={
-            "request_id": request.id, "model": request.model_name, "code": exc.code.name})
+            "request_id": request_id, "model": model_name, "code": exc.code.name})
+
+
+def submit_arrays(model: InferTarget, arrays: list[np.ndarray], num_samples: int,
+                  deadline_s: float, priority: int, started_s: float,
+                  clock: Callable[[], float]) -> tuple[Awaitable[Any], tuple[int, ...] | None]:
+    """Hand decoded, validated inputs to ``model`` (padded to a shape the model batches, where
+    it pads); returns the answer to wait for and the sizes to cut padded outputs back to.
+    ``started_s`` on ``clock``: when decoding began, for the CPU breakdown."""
+    specs = model.definition
+    lengths = shape_key = None
+    if specs.variable_shapes:
+        if specs.padding is not None:
+            arrays, lengths = shapes.pad_inputs(arrays, specs.inputs, specs.padding)
+        shape_key = shapes.shape_key(arrays)
+    cpu = model.cpu_parts
+    decoded_s = clock()
+    answer = model.submit(arrays, num_samples, deadline_s, priority, shape_key=shape_key)
+    if cpu is not None:
+        cpu.add("decode", decoded_s - started_s)
+        cpu.add("route", clock() - decoded_s)
+    return answer, lengths
 
 
 def _shutting_down() -> ShuttingDown:

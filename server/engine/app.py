@@ -18,6 +18,9 @@ from evenflow.proto import evenflow_pb2_grpc, grpc_service_pb2_grpc
 from evenflow.server.config.server_config import ServerConfig
 from evenflow.server.edge.grpc_server import PortSettings, ServingPort, tls_files
 from evenflow.server.edge.registration import Register
+from evenflow.server.edge.rest.api import RestApi
+from evenflow.server.edge.rest.http_port import HttpPort, HttpSettings
+from evenflow.server.edge.rest.page import devices_page
 from evenflow.server.edge.security import load_token
 from evenflow.server.engine.kserve_servicer import InferenceServicer
 from evenflow.server.engine.model_control import ModelManager
@@ -25,7 +28,7 @@ from evenflow.server.engine.proxied_calls import ProxiedCalls
 from evenflow.server.engine.served import ModelTable
 from evenflow.server.engine.stats_service import AdminServicer, StatsServicer
 from evenflow.server.observability.metrics import collect
-from evenflow.server.observability.metrics_http import MetricsEndpoint
+from evenflow.server.observability.metrics_app import MetricsApp
 from evenflow.server.observability.prometheus import CONTENT_TYPE, render
 from evenflow.server.observability.telemetry import NvmlSampler
 from evenflow.server.processes.frontend_pool import FrontendPool
@@ -33,6 +36,10 @@ from evenflow.server.processes.ipc.frontend_messages import FrontendSettings
 from evenflow.server.workers.devices import default_devices, parse_devices
 
 logger = logging.getLogger(__name__)
+
+# A scrape is one short GET: the metrics port allows far less than the REST API's.
+METRICS_HEAD_BYTES = 8192
+METRICS_CONNECTIONS = 64
 
 
 def _server_version() -> str:
@@ -57,10 +64,12 @@ class App:
         # edge that failed them runs (here, or in a front-end process).
         self.failures: Counter[tuple[str, str]] = Counter()
         self._nvml: NvmlSampler | None = None
-        self._metrics: MetricsEndpoint | None = None
+        self._http: HttpPort | None = None  # the REST API, where this process serves it
+        self._metrics: HttpPort | None = None
         self._pool: FrontendPool | None = None  # --frontends N > 1
         self._follower: Any = None  # --workers ray without --devices: follows the cluster
         self.metrics_port = 0
+        self.http_port = 0
 
     async def start(self) -> int:
         config = self.config
@@ -103,11 +112,20 @@ class App:
                 PortSettings(config.host, config.port, config.max_message_bytes, tls=tls,
                              token=token, auth_groups=tuple(config.auth_groups)),
                 services=self._services())
+            if config.http_port is not None:
+                self._http = HttpPort(RestApi(
+                    edge=self._frontend, control=self._proxied_calls(),
+                    max_body_bytes=config.max_message_bytes,
+                    max_tensor_elements=config.max_tensor_elements, token=token,
+                    auth_groups=config.auth_groups, page=devices_page()))
+                self.http_port = await self._http.start(
+                    HttpSettings(config.host, config.http_port, tls=tls))
         if config.metrics_port is not None:
-            self._metrics = MetricsEndpoint(self._render_metrics, CONTENT_TYPE,
-                                            ssl_context=tls.ssl_context() if tls else None,
-                                            token=token)
-            self.metrics_port = await self._metrics.start(config.host, config.metrics_port)
+            self._metrics = HttpPort(MetricsApp(self._render_metrics, CONTENT_TYPE, token=token),
+                                     name="metrics")
+            self.metrics_port = await self._metrics.start(HttpSettings(
+                config.host, config.metrics_port, tls=tls, max_head_bytes=METRICS_HEAD_BYTES,
+                max_connections=METRICS_CONNECTIONS))
         self._frontend.ready = True
         await self._port.set_health(serving=True)
         return self.port
@@ -126,15 +144,21 @@ class App:
                              AdminServicer(models=self.models)))
         return services
 
-    async def _start_frontends(self) -> int:
-        """Front-end processes serve the port; this process (the engine) answers them."""
-        config = self.config
+    def _proxied_calls(self) -> ProxiedCalls:
+        """Every gRPC method of this process's servicers, run on serialized requests: what a
+        front-end process forwards, and what the REST API's non-inference calls run."""
         assert self._frontend is not None
         calls = ProxiedCalls()
         calls.add(grpc_service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server,
                   self._frontend)
         for register, servicer in self._services():
             calls.add(register, servicer)
+        return calls
+
+    async def _start_frontends(self) -> int:
+        """Front-end processes serve the port; this process (the engine) answers them."""
+        config = self.config
+        calls = self._proxied_calls()
         server_version = _server_version()
 
         def settings(index: int, engine_address: str, port: int) -> FrontendSettings:
@@ -199,6 +223,9 @@ class App:
             self._pool = None
         if self._port is not None:  # every admitted call has its answer; now close the port
             await self._port.close()
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
         if self.config.workers == "ray":
             from evenflow.server.workers import ray_host
 
@@ -235,9 +262,11 @@ async def serve(config: ServerConfig) -> None:
         # serving, after the freeze, 0.4 ms.
         gc.collect()
         gc.freeze()
+        host = f"[{config.host}]" if ":" in config.host else config.host
         if config.metrics_port is not None:
-            host = f"[{config.host}]" if ":" in config.host else config.host
             print(f"evenflow metrics on http://{host}:{app.metrics_port}/metrics", flush=True)
+        if app.http_port:
+            print(f"evenflow http on http://{host}:{app.http_port}", flush=True)
         print(f"evenflow listening on {config.host}:{port}", flush=True)
         await stop.wait()
         logger.info("signal received: draining")
