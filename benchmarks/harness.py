@@ -95,7 +95,7 @@ def evenflow_argv(*args: str, time_admission: bool = False) -> list[str]:
     target allows to measure capacity, and perf_analyzer stops at the first refusal."""
     off = () if time_admission else ("--max-queue-delay-ms", "inf")
     return [sys.executable, "-m", "evenflow.server.config.cli", "serve", "--port", "0",
-            "--log-level", "WARNING", *off, *args]
+            "--http-port", "0", "--log-level", "WARNING", *off, *args]
 
 
 def perf_analyzer_binary() -> str:

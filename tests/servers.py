@@ -81,7 +81,7 @@ def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -
         p for p in (str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")) if p))
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evenflow.server.config.cli", "serve", "--port", "0", *args,
+        [sys.executable, "-m", "evenflow.server.config.cli", "serve", "--port", "0", "--http-port", "0", *args,
          *server_mode_args()],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()

@@ -99,6 +99,11 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
     def metadata(self) -> pb.ServerMetadataResponse:
         return self._metadata
 
+    @property
+    def serving(self) -> bool:
+        """What ServerReady answers (and the HTTP ``/v2/health/ready``)."""
+        return self.ready
+
     def drain(self) -> None:
         """Shutting down: new inference calls, and new requests on open streams, hear
         UNAVAILABLE; what was admitted is still answered, and each open stream ends with
@@ -260,7 +265,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ServerReady(self, request: pb.ServerReadyRequest,
                           context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.ready)
+        return pb.ServerReadyResponse(ready=self.serving)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest,
                              context: grpc.aio.ServicerContext) -> pb.ServerMetadataResponse:

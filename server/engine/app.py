@@ -161,16 +161,21 @@ class App:
         calls = self._proxied_calls()
         server_version = _server_version()
 
-        def settings(index: int, engine_address: str, port: int) -> FrontendSettings:
+        def settings(index: int, engine_address: str, port: int,
+                     http_port: int | None) -> FrontendSettings:
             return FrontendSettings.from_config(config, index=index,
                                                 engine_address=engine_address, port=port,
+                                                http_port=http_port,
                                                 server_version=server_version)
 
         self._pool = FrontendPool(count=config.frontends, settings=settings, models=self.models,
                                   calls=calls, host=config.host, port=config.port,
+                                  http_port=config.http_port,
                                   on_failure=self._count_failure)
         self.models.on_change = self._pool.models_changed
-        return await self._pool.start()
+        port = await self._pool.start()
+        self.http_port = self._pool.http_port or 0
+        return port
 
     def _count_failure(self, model: str, code: str) -> None:
         self.failures[model, code] += 1

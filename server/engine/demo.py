@@ -24,10 +24,15 @@ TOLERANCE = 1e-4  # batched kernels may round differently from the direct call
 
 
 async def run_demo(config: ServerConfig, *, num_requests: int) -> int:
-    app = App(dataclasses.replace(config, port=0))
+    # Free ports: a demo must not fail because something else holds 8000 or 8001.
+    app = App(dataclasses.replace(config, port=0,
+                                  http_port=None if config.http_port is None else 0))
     port = await app.start()
     url = f"{config.host}:{port}"
     print(f"evenflow listening on {url}", flush=True)
+    if app.http_port:
+        print(f"evenflow http on http://{config.host}:{app.http_port} (the devices page: "
+              f"http://{config.host}:{app.http_port}/)", flush=True)
     try:
         assert app.models is not None
         model = next(iter(app.models))

@@ -74,19 +74,23 @@ def reserve_port(host: str, port: int) -> socket.socket:
 class FrontendPool:
     """``on_failure`` hears each request a front-end failed, as (model, status name)."""
 
-    def __init__(self, *, count: int, settings: Callable[[int, str, int], FrontendSettings],
+    def __init__(self, *, count: int,
+                 settings: Callable[[int, str, int, int | None], FrontendSettings],
                  models: ModelTable, calls: ProxiedCalls, host: str, port: int,
+                 http_port: int | None = None,
                  on_failure: Callable[[str, str], None] | None = None) -> None:
         self._count = count
         self._settings = settings
         self._models = models
         self._calls = calls
         self._host, self._requested_port = host, port
+        self._requested_http_port = http_port  # None: the front-ends serve no HTTP
         self._frontends = [_Frontend(i) for i in range(count)]
         self._by_identity: dict[bytes, _Frontend] = {}
         self._socket: LoopSocket | None = None
         self._address = f"ipc://@evenflow-engine-{os.getpid()}-{uuid.uuid4().hex}"
         self._port_holder: socket.socket | None = None
+        self._http_port_holder: socket.socket | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
         self._serving = True
@@ -95,11 +99,16 @@ class FrontendPool:
         self._on_failure = on_failure
         self._announced: dict[str, msg.EdgeModel] = {}  # by name, kept after an unload
         self.port = 0
+        self.http_port: int | None = None
 
     async def start(self) -> int:
-        """Hold the port, open the engine's socket, start every front-end; returns the port."""
+        """Hold the ports (gRPC, and HTTP where asked for), open the engine's socket, start
+        every front-end; returns the gRPC port."""
         self._port_holder = reserve_port(self._host, self._requested_port)
         self.port = self._port_holder.getsockname()[1]
+        if self._requested_http_port is not None:
+            self._http_port_holder = reserve_port(self._host, self._requested_http_port)
+            self.http_port = self._http_port_holder.getsockname()[1]
         self.bind()
         await asyncio.gather(*(self._launch(fe) for fe in self._frontends))
         return self.port
@@ -126,7 +135,7 @@ class FrontendPool:
         frontend.hello = asyncio.get_running_loop().create_future()
         started = await Child.start(
             f"front-end {frontend.index}", ["-m", "evenflow.server.processes.frontend_process"],
-            settings=self._settings(frontend.index, self._address, self.port))
+            settings=self._settings(frontend.index, self._address, self.port, self.http_port))
         frontend.child = started
         try:
             await started.until_ready(frontend.hello, _START_TIMEOUT_S)
@@ -336,7 +345,8 @@ class FrontendPool:
         if self._socket is not None:
             self._socket.close()
             self._socket = None
-        if self._port_holder is not None:
-            self._port_holder.close()
-            self._port_holder = None
+        for holder in (self._port_holder, self._http_port_holder):
+            if holder is not None:
+                holder.close()
+        self._port_holder = self._http_port_holder = None
 

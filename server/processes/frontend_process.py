@@ -33,6 +33,9 @@ from evenflow.server.edge import event_loop
 from evenflow.server.edge.grpc_server import PortSettings, ServingPort, tls_files
 from evenflow.server.edge.model_names import find_model
 from evenflow.server.edge.registration import Forward, Register
+from evenflow.server.edge.rest.api import RestApi
+from evenflow.server.edge.rest.http_port import HttpPort, HttpSettings
+from evenflow.server.edge.rest.page import devices_page
 from evenflow.server.edge.security import load_token
 from evenflow.server.edge.servicer import EdgeServicer, InferTarget, call_deadline_s
 from evenflow.server.edge.status import status_from_value, status_of
@@ -183,9 +186,9 @@ class FrontendServicer(EdgeServicer):
         context.set_trailing_metadata((("evenflow-process", self._identity),))
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: pb.ServerReadyRequest,
-                          context: grpc.aio.ServicerContext) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.ready and self._link.serving)
+    @property
+    def serving(self) -> bool:
+        return self.ready and self._link.serving
 
 
 def forward_to_engine(link: EngineLink, edge: EdgeServicer) -> Forward:
@@ -227,6 +230,23 @@ def _port_settings(settings: FrontendSettings) -> PortSettings:
                         token=token, auth_groups=settings.auth_groups)
 
 
+async def _start_http(settings: FrontendSettings, link: EngineLink,
+                      edge: EdgeServicer) -> HttpPort | None:
+    """The REST API on the HTTP port the engine reserved, beside the other front-ends';
+    every call but inference goes to the engine as the gRPC method it mirrors."""
+    if settings.http_port is None:
+        return None
+    grpc_settings = _port_settings(settings)
+    http = HttpPort(RestApi(edge=edge, control=link, max_body_bytes=settings.max_message_bytes,
+                            max_tensor_elements=settings.max_tensor_elements,
+                            token=grpc_settings.token, auth_groups=settings.auth_groups,
+                            page=devices_page()),
+                    name=f"frontend {settings.index} http")
+    await http.start(HttpSettings(settings.host, settings.http_port, shared=True,
+                                  tls=grpc_settings.tls))
+    return http
+
+
 async def _serve(settings: FrontendSettings) -> None:
     identity = f"frontend {settings.index} pid {os.getpid()}"
     engine_gone = child.watch_parent(asyncio.get_running_loop())
@@ -248,6 +268,7 @@ async def _serve(settings: FrontendSettings) -> None:
                          evenflow_pb2_grpc.EvenflowAdminServicer()))
     await port.start(_port_settings(settings), services=services,
                      forward=forward_to_engine(link, edge))
+    http = await _start_http(settings, link, edge)
     edge.ready = True
     link.send(msg.Hello(settings.index, os.getpid(), listening=True))
     gc.collect()
@@ -266,6 +287,8 @@ async def _serve(settings: FrontendSettings) -> None:
     # calls still get theirs while it waits for this process to exit.
     await port.close(on_unanswered=lambda: link.calls.fail_all(
         ShuttingDown("the server is shutting down; send to another replica")))
+    if http is not None:
+        await http.close()
     tasks = (drain, stop, gone)
     for task in tasks:
         task.cancel()

@@ -19,7 +19,7 @@ async def running_app(models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),), *
                       devices: str = "cpu", balancer: BalancerConfig | None = None,
                       sim_profile: SimProfile | None = None, max_message_bytes: int = 1 << 22,
                       admin: bool = False,
-                      metrics_port: int | None = None,
+                      metrics_port: int | None = None, http_port: int | None = None,
                       **process_model: object) -> AsyncIterator[tuple[App, str]]:
     """``process_model`` (frontends, workers) overrides the test's server mode."""
     config = ServerConfig(
@@ -29,7 +29,7 @@ async def running_app(models: tuple[tuple[str, str], ...] = (("mlp", "mlp"),), *
         # refuse a burst that these tests need answered.
         balancer=balancer or BalancerConfig(max_wait_s=0.0, max_queue_delay_s=math.inf),
         builtins=BuiltinOptions(sim_profile=sim_profile or SimProfile()), admin=admin,
-        metrics_port=metrics_port,
+        metrics_port=metrics_port, http_port=http_port,
         **(server_mode_settings() | process_model))  # type: ignore[arg-type]
     app = App(config)
     port = await app.start()

@@ -75,7 +75,7 @@ async def test_load_and_unload_with_tritonclient_while_another_model_serves(
 
 
 async def test_unload_finishes_admitted_requests_first() -> None:
-    config = ServerConfig(
+    config = ServerConfig(http_port=None, 
         port=0, devices="sim:1", builtins=BuiltinOptions(sim_profile=SimProfile(200.0, 1.0)),
         balancer=BalancerConfig(max_wait_s=0.0, max_batch=4),
         models=(ModelConfig("slow", "sim"),))
@@ -98,7 +98,7 @@ async def test_unload_finishes_admitted_requests_first() -> None:
 
 
 async def test_a_model_not_loaded_at_start_is_known_but_not_served() -> None:
-    config = ServerConfig(port=0, devices="sim:1",
+    config = ServerConfig(http_port=None, port=0, devices="sim:1",
                           models=(ModelConfig("now", "sim"),
                                   ModelConfig("later", "sim", load_at_start=False)))
     app = App(config)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.timeout(90)
 
 
 async def pipelined_app(models: tuple[tuple[str, str], ...]) -> App:
-    app = App(ServerConfig(port=0, models=models, devices="cpu:0,cpu:1",
+    app = App(ServerConfig(http_port=None, port=0, models=models, devices="cpu:0,cpu:1",
                            pipeline=PipelineConfig(stages=2),
                            balancer=BalancerConfig(max_wait_s=0.0)))
     await app.start()

@@ -68,7 +68,7 @@ async def test_a_failed_start_closes_what_it_built() -> None:
     from evenflow.server.config.server_config import ServerConfig
     from evenflow.server.engine.app import App
 
-    app = App(ServerConfig(port=0, devices="cpu", models=(("mlp", "mlp"),
+    app = App(ServerConfig(http_port=None, port=0, devices="cpu", models=(("mlp", "mlp"),
                                                           ("bad", "tests.fixture_models:nope"))))
     with pytest.raises(ValueError, match="no callable"):
         await app.start()

@@ -58,7 +58,7 @@ _OK = grpc.StatusCode.OK.value[0]
 class ControlCalls(Protocol):
     """Runs a gRPC method on serialized bytes: (status code value, details, response bytes)."""
 
-    async def call(self, path: str, request: bytes, deadline_s: float
+    async def call(self, path: str, request: bytes, deadline_s: float, /
                    ) -> tuple[int, str, bytes]: ...
 
 
@@ -264,7 +264,7 @@ class RestApi:
         if kind == "live":
             return EMPTY
         if kind == "server_ready":
-            return EMPTY if edge.ready else error_reply(503, "the server is not ready")
+            return EMPTY if edge.serving else error_reply(503, "the server is not ready")
         if kind == "page":
             return Reply(200, [self._page], b"text/html; charset=utf-8",
                          ((b"cache-control", b"no-cache"),))
@@ -311,8 +311,11 @@ class RestApi:
         return EMPTY
 
     async def _call(self, kind: str, request: Message, response: type[M]) -> M:
-        code, details, data = await self._control.call(_METHOD_OF[kind],
-                                                       request.SerializeToString(), math.inf)
+        try:
+            code, details, data = await self._control.call(
+                _METHOD_OF[kind], request.SerializeToString(), math.inf)
+        except EvenflowError as exc:  # a front-end's engine is gone
+            raise HttpError(http_status_of(exc), str(exc)) from exc
         if code != _OK:
             raise HttpError(http_status(status_from_value(code)), details)
         return response.FromString(data)

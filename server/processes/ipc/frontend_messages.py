@@ -31,6 +31,7 @@ class FrontendSettings:
     engine_address: str
     host: str
     port: int
+    http_port: int | None  # None: no HTTP
     max_message_bytes: int
     max_tensor_elements: int
     server_version: str
@@ -46,9 +47,10 @@ class FrontendSettings:
 
     @classmethod
     def from_config(cls, config: ServerConfig, *, index: int, engine_address: str, port: int,
-                    server_version: str) -> FrontendSettings:
-        """Front-end ``index``'s settings: ``config``'s, with the port the engine reserved."""
+                    server_version: str, http_port: int | None = None) -> FrontendSettings:
+        """Front-end ``index``'s settings: ``config``'s, with the ports the engine reserved."""
         return cls(index=index, engine_address=engine_address, host=config.host, port=port,
+                   http_port=http_port,
                    max_message_bytes=config.max_message_bytes,
                    max_tensor_elements=config.max_tensor_elements,
                    server_version=server_version, admin=config.admin,
