@@ -61,6 +61,14 @@ class ServerProcess:
     def log(self) -> str:
         return self.log_path.read_text()
 
+    @property
+    def http_url(self) -> str:
+        """HOST:PORT of the server's HTTP port (``evenflow http on http://HOST:PORT``)."""
+        for line in self.banner:
+            if line.startswith("evenflow http on http://"):
+                return line.split("http://", 1)[1].split()[0]
+        raise AssertionError(f"the server printed no HTTP address: {self.banner}")
+
     def terminate(self, timeout_s: float = 30.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
