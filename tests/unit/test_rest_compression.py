@@ -10,10 +10,11 @@ import zlib
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.http._utils import _get_inference_request
 
 from evenflow.balancer import InvalidRequest
 from evenflow.server.edge.rest.compression import choose_encoding, decode_body, encode_body
-from evenflow.server.edge.rest.tensors import encode_response, parse_request
+from evenflow.server.edge.rest.tensors import decode_inputs, encode_response, parse_request
 from evenflow.server.models.spec import TensorSpec
 
 BODY = b'{"inputs": []}' + bytes(range(256)) * 40
@@ -125,3 +126,16 @@ def test_bad_compressed_bodies(encoding: str, body: bytes, message: str) -> None
 ])
 def test_accept_encoding(accept: str | None, chosen: str | None) -> None:
     assert choose_encoding(accept) == chosen
+
+
+def test_a_compressed_request_from_tritonclient() -> None:
+    """tritonclient.http compresses the whole body; its header length counts it uncompressed."""
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    tensor = httpclient.InferInput("x", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    body, header_length = _get_inference_request([tensor], "", None, 0, False, False, 0, None,
+                                                 None)
+    compressed = gzip.compress(body)
+    request = parse_request(decode_body(compressed, "gzip", MiB), header_length)
+    arrays, _ = decode_inputs(request, [TensorSpec("x", "FP32", (-1, 4))], MiB)
+    np.testing.assert_array_equal(arrays[0], x)

@@ -303,6 +303,9 @@ def binary_input(name: str, size: int, shape: list[int] | None = None) -> dict[s
     ({"inputs": [fp32(shape="3")]}, None, "Expected `array`, got `str` - at `$.inputs[0].shape`"),
     ({"inputs": [fp32(shape=[True, 2])]}, None, "got `bool` - at `$.inputs[0].shape[0]`"),
     ({"inputs": [fp32(shape=[-1, 2])]}, None, "Expected `int` >= 0 - at `$.inputs[0].shape[0]`"),
+    ({"inputs": [fp32(shape=[2**63, 2])]}, None,
+     "Expected `int` <= 9223372036854775807 - at `$.inputs[0].shape[0]`"),
+    ({"inputs": [fp32(shape=[1.0, 2])]}, None, "got `float` - at `$.inputs[0].shape[0]`"),
     ({"inputs": [fp32(datatype=3)]}, None, "got `int` - at `$.inputs[0].datatype`"),
     ({"inputs": [], "id": 5}, None, "Expected `str | null`, got `int` - at `$.id`"),
     ({"inputs": [], "ouputs": []}, None, "unknown field `ouputs`"),
@@ -479,6 +482,23 @@ def test_outputs_json_cannot_carry(spec: TensorSpec, array: np.ndarray, message:
         {"name": "y", "parameters": {"binary_data": True}}]}))
     parts, _ = encode_response(binary, "m", "1", [spec], [0], [array])
     assert len(parts) == 2  # as binary data it goes
+
+
+@given(st.lists(st.binary(max_size=8), min_size=1, max_size=6), st.booleans())
+@settings(max_examples=40, deadline=None)
+def test_generated_bytes_round_trips(elements: list[bytes], binary: bool) -> None:
+    if not binary:  # JSON carries text only
+        elements = [element.decode("utf-8", "replace").encode() for element in elements]
+    array = np.array(elements, dtype=object).reshape(1, -1)
+    specs = [TensorSpec("s", "BYTES", (-1, -1))]
+    body, header_length = client_request({"s": ("BYTES", array, binary)}, {"s": binary})
+    request = parse_request(body, header_length)
+    arrays, _ = decode_inputs(request, specs, LIMIT)
+    assert arrays[0].tolist() == array.tolist()
+    returned = client_result(request, specs, arrays).as_numpy("s")
+    if not binary:
+        returned = np.vectorize(str.encode, otypes=[object])(returned)
+    assert returned.tolist() == array.tolist()
 
 
 def test_bytes_outputs_that_are_not_bytes_go_as_their_str() -> None:

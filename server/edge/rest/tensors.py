@@ -44,7 +44,7 @@ _EXCERPT_CHARS = 300
 class _InputJson(msgspec.Struct, forbid_unknown_fields=True):
     name: str
     datatype: str
-    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    shape: list[Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]]  # int64, as gRPC's dims
     parameters: dict[str, Any] = {}
     data: msgspec.Raw = msgspec.Raw()  # empty: no `data`
 
