@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -36,6 +37,7 @@ from evenflow.server.models.spec import TensorSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _EXCERPT_CHARS = 300
+_LIST_OF_LISTS = re.compile(rb"\[[ \t\n\r]*\[")  # nested data opens so (JSON's whitespace)
 
 
 # The JSON header as msgspec decodes it: strict types, so a value of the wrong type anywhere
@@ -224,7 +226,7 @@ def _decode_json(name: str, wire: WireType, shape: tuple[int, ...], count: int,
     if wire.name == "BF16":
         raise InvalidRequest(f"input {name!r}: BF16 data can only be sent as binary data "
                              "(binary_data_size), not in JSON")
-    nested = len(shape) > 1 and _opens_a_list_of_lists(memoryview(data))
+    nested = len(shape) > 1 and _LIST_OF_LISTS.match(data) is not None
     try:
         values = _data_decoder(wire.name, len(shape) if nested else 1).decode(data)
     except msgspec.ValidationError as exc:
@@ -244,15 +246,6 @@ def _decode_json(name: str, wire: WireType, shape: tuple[int, ...], count: int,
     except OverflowError:  # UINT64's top: msgspec bounds only what fits an int64
         raise InvalidRequest(f"input {name!r} data does not fit {wire.name} {list(shape)}: a "
                              f"value is over {np.iinfo(wire.numpy_dtype).max}") from None
-
-
-def _opens_a_list_of_lists(data: memoryview) -> bool:
-    if not len(data) or data[0] != ord("["):
-        return False
-    for byte in data[1:]:
-        if byte not in b" \t\n\r":  # JSON's whitespace
-            return byte == ord("[")
-    return False
 
 
 def _flatten(name: str, rows: list[Any], shape: tuple[int, ...]) -> list[Any]:
