@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -103,3 +104,24 @@ def cumsum_padded() -> ModelDefinition:
     return ModelDefinition(module=CumSum(), inputs=[TensorSpec("x", "FP32", (-1, -1))],
                            outputs=[TensorSpec("y", "FP32", (-1, -1))], traceable=False,
                            padding=Padding(0.0, (4, 8, 16, 32)))
+
+
+EVERY_TYPE = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+              "FP16", "BF16", "FP32", "FP64", "BYTES")
+
+
+class EchoEach(torch.nn.Module):
+    """Each input back as the output of the same datatype (BYTES as the numpy array it came
+    in as: torch has no string type)."""
+
+    def forward(self, *inputs: Any) -> tuple[Any, ...]:
+        return tuple(inputs)
+
+
+def every_type() -> ModelDefinition:
+    """An input and an output of every KServe datatype, ``in_<TYPE>`` -> ``out_<TYPE>``, [-1, 3]:
+    what a protocol's codec must carry bit for bit."""
+    return ModelDefinition(module=EchoEach(),
+                           inputs=[TensorSpec(f"in_{t}", t, (-1, 3)) for t in EVERY_TYPE],
+                           outputs=[TensorSpec(f"out_{t}", t, (-1, 3)) for t in EVERY_TYPE],
+                           traceable=False)

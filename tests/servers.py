@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,13 +85,14 @@ class ServerProcess:
 
 
 def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -> ServerProcess:
-    """Start ``evenflow serve --port 0 ARGS`` and wait for the line with its bound address."""
+    """Start ``evenflow serve --port 0 --http-port 0 ARGS`` and wait for the line with its bound
+    address."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(TESTS_DIR.parent), os.environ.get("PYTHONPATH", "")) if p))
     log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "evenflow.server.config.cli", "serve", "--port", "0", "--http-port", "0", *args,
-         *server_mode_args()],
+        [sys.executable, "-m", "evenflow.server.config.cli", "serve", "--port", "0",
+         "--http-port", "0", *args, *server_mode_args()],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env)
     log.close()
     assert proc.stdout is not None
@@ -100,3 +102,14 @@ def start_server(args: Sequence[str], log_path: Path, timeout_s: float = 60.0) -
     proc.kill()
     proc.wait()
     raise RuntimeError(f"server did not start: {log_path.read_text()[-3000:]}")
+
+
+def perf_analyzer_command() -> list[str] | None:
+    """``EVENFLOW_PERF_ANALYZER``, else what ``scripts/setup.sh --perf-analyzer`` installed, else
+    one on the PATH."""
+    installed = TESTS_DIR.parent / ".tools" / "bin" / "perf_analyzer"
+    for binary in (os.environ.get("EVENFLOW_PERF_ANALYZER"), str(installed),
+                   shutil.which("perf_analyzer")):
+        if binary and Path(binary).exists():
+            return [binary]
+    return None

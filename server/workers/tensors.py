@@ -18,15 +18,18 @@ _FLOAT_WIRE = {"FP32": torch.float32, "FP16": torch.float16, "FP64": torch.float
 
 
 def batch_inputs(jobs: Sequence[Job], specs: Sequence[TensorSpec], device: torch.device,
-                 float_dtype: torch.dtype) -> list[torch.Tensor]:
-    """The jobs' inputs concatenated along the batch dimension, on ``device``."""
+                 float_dtype: torch.dtype) -> list[Any]:
+    """The jobs' inputs concatenated along the batch dimension, on ``device`` (BYTES inputs,
+    which torch has no type for, as numpy arrays of ``bytes``)."""
     joined = join_rows([job.payload for job in jobs], writable=True)
     return [to_device(array, spec.datatype, device, float_dtype)
             for array, spec in zip(joined, specs, strict=False)]
 
 
 def to_device(array: np.ndarray, datatype: str, device: torch.device,
-              float_dtype: torch.dtype) -> torch.Tensor:
+              float_dtype: torch.dtype) -> Any:
+    if datatype == "BYTES":
+        return array
     if datatype == "BF16":
         tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     else:
@@ -37,8 +40,11 @@ def to_device(array: np.ndarray, datatype: str, device: torch.device,
     return tensor
 
 
-def to_host(tensor: torch.Tensor, datatype: str) -> np.ndarray:
-    """A device tensor as the numpy array its wire datatype needs (BF16 as uint16 bits)."""
+def to_host(tensor: Any, datatype: str) -> np.ndarray:
+    """A device tensor as the numpy array its wire datatype needs (BF16 as uint16 bits; a
+    BYTES output, which a module returns as a numpy array or nested list, of ``bytes``)."""
+    if datatype == "BYTES":
+        return np.asarray(tensor, dtype=object)
     if datatype == "BF16":
         return tensor.to(torch.bfloat16).cpu().view(torch.int16).numpy().view(np.uint16)
     wire_dtype = _FLOAT_WIRE.get(datatype)
@@ -47,9 +53,9 @@ def to_host(tensor: torch.Tensor, datatype: str) -> np.ndarray:
     return tensor.cpu().numpy()
 
 
-def order_outputs(raw: Any, specs: Sequence[TensorSpec]) -> list[torch.Tensor]:
+def order_outputs(raw: Any, specs: Sequence[TensorSpec]) -> list[Any]:
     """A module's return value (tensor, tuple/list, or dict by name) in ``specs`` order."""
-    if isinstance(raw, torch.Tensor):
+    if isinstance(raw, torch.Tensor | np.ndarray):
         raw = (raw,)
     elif isinstance(raw, dict):
         missing = [s.name for s in specs if s.name not in raw]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
-import shutil
 import subprocess
 import sys
 import urllib.request
@@ -18,7 +16,7 @@ import pytest
 from evenflow.client import AsyncClient, Client
 from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 from tests.integration.test_infer import mlp_reference
-from tests.servers import TESTS_DIR
+from tests.servers import TESTS_DIR, perf_analyzer_command
 
 # slow: `evenflow serve` processes, perf_analyzer and the CLI.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
@@ -47,17 +45,6 @@ def test_tritonclient_calls_evenflow_unchanged(mlp_server, tmp_path: Path) -> No
     for i in range(3):  # streamed requests may share a batch: same values, maybe not same bits
         x, y = saved[f"stream_{i}_x"], saved[f"stream_{i}_y"]
         np.testing.assert_allclose(y, mlp_reference(x), rtol=1e-5, atol=1e-6)
-
-
-def perf_analyzer_command() -> list[str] | None:
-    """``EVENFLOW_PERF_ANALYZER``, else what ``scripts/setup.sh --perf-analyzer`` installed, else
-    one on the PATH."""
-    installed = TESTS_DIR.parent / ".tools" / "bin" / "perf_analyzer"
-    for binary in (os.environ.get("EVENFLOW_PERF_ANALYZER"), str(installed),
-                   shutil.which("perf_analyzer")):
-        if binary and Path(binary).exists():
-            return [binary]
-    return None
 
 
 @pytest.mark.perf_analyzer

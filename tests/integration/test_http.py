@@ -1,0 +1,66 @@
+"""The KServe v2 REST API of a real ``evenflow serve`` process, in one process and behind
+front-end processes: Triton's HTTP clients bit for bit against gRPC, perf_analyzer over HTTP,
+model control through tritonclient.http, and what draining does to HTTP calls."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from tests.servers import TESTS_DIR, perf_analyzer_command, serving_in
+
+# slow: `evenflow serve` processes, tritonclient probe processes and perf_analyzer.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module", params=["single", "frontends"])
+def types_server(request, server_factory):  # type: ignore[no-untyped-def]
+    with serving_in(request.param):
+        return server_factory("--model", "types=tests.fixture_models:every_type",
+                              "--devices", "cpu", "--max-wait-ms", "0",
+                              "--max-queue-delay-ms", "inf", "--no-warmup")
+
+
+def test_tritonclient_http_matches_grpc_bit_for_bit_for_every_datatype(types_server) -> None:
+    """Sync, gevent ``async_infer`` and ``tritonclient.http.aio``; JSON and binary inputs and
+    outputs, mixed in one request; gzip and deflate both ways (see the probe)."""
+    if importlib.util.find_spec("tritonclient.http") is None:
+        pytest.skip("tritonclient[http] is not installed")
+    probe = subprocess.run([sys.executable, str(TESTS_DIR / "triton_http_probe.py"),
+                            types_server.http_url, types_server.url],
+                           check=False, capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stdout[-3000:] + probe.stderr[-3000:]
+    assert "triton http probe: ok" in probe.stdout
+    assert probe.stdout.count("bit for bit") >= 20
+
+
+@pytest.fixture(scope="module", params=["single", "frontends"])
+def mlp_server(request, server_factory):  # type: ignore[no-untyped-def]
+    # The defaults: perf_analyzer's closed loop must be queued, not refused, over HTTP too.
+    with serving_in(request.param):
+        return server_factory("--model", "mlp", "--devices", "cpu")
+
+
+@pytest.mark.perf_analyzer
+@pytest.mark.parametrize("tensor_format", ["binary", "json"])
+def test_perf_analyzer_over_http_runs_at_1_16_and_64(mlp_server, tensor_format: str) -> None:
+    """Each concurrency a short run of its own; the stability window is wide (-s 400) as this
+    checks that perf_analyzer works over HTTP end to end, not the numbers."""
+    command = perf_analyzer_command()
+    if command is None:
+        pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
+    for concurrency in (1, 16, 64):
+        run = subprocess.run(
+            [*command, "-i", "http", "-u", mlp_server.http_url, "-m", "mlp",
+             "--shape", "x:256", "--input-tensor-format", tensor_format,
+             "--output-tensor-format", tensor_format,
+             "--concurrency-range", f"{concurrency}:{concurrency}",
+             "--measurement-interval", "500", "-s", "400", "-r", "6"],
+            check=False, capture_output=True, text=True, timeout=40)
+        assert run.returncode == 0, (f"concurrency {concurrency}: " + run.stdout[-3000:]
+                                     + run.stderr[-3000:])
+        assert f"Concurrency: {concurrency}, throughput" in run.stdout
+        assert "Server:" in run.stdout  # it read our statistics JSON for the breakdown
