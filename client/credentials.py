@@ -1,8 +1,10 @@
 """How a client proves itself: TLS (server CA, optionally a client certificate for mutual TLS)
-and a bearer token, sent as ``authorization: Bearer TOKEN`` metadata on every call."""
+and a bearer token, sent as ``authorization: Bearer TOKEN`` on every call (gRPC metadata, or the
+HTTP header)."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +37,30 @@ class Credentials:
     def metadata(self) -> Sequence[tuple[str, str]] | None:
         return (("authorization", f"Bearer {self.token}"),) if self.token else None
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """The HTTP headers that carry the token."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    @property
+    def secure(self) -> bool:
+        return bool(self.tls or self.ca_file or self.cert_file)
+
     def channel_credentials(self) -> grpc.ChannelCredentials | None:
-        if not (self.tls or self.ca_file or self.cert_file):
+        if not self.secure:
             return None
         return grpc.ssl_channel_credentials(
             root_certificates=_read(self.ca_file), private_key=_read(self.key_file),
             certificate_chain=_read(self.cert_file))
+
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """TLS for HTTP: the server verified against ``ca_file`` (else the system's roots),
+        with the client certificate when one is set."""
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file is not None:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
 
 
 def _read(path: Path | None) -> bytes | None:
