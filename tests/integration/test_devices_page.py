@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness import wait_for_line
 from tests.integration.load import Load
 from tests.servers import ServerProcess
 
@@ -66,24 +65,22 @@ def parse_page(dom: str) -> PageRows:
 
 
 def http_url(server: ServerProcess) -> str:
-    """The HTTP address ``evenflow serve --http-port 0`` printed beside its gRPC one."""
+    """The HTTP address ``evenflow serve --http-port 0`` printed before its gRPC one."""
     for line in server.banner:
         if HTTP_LINE in line:
             return line.split()[-1].rstrip("/")
-    line, _ = wait_for_line(server.proc, HTTP_LINE, timeout_s=10)
-    if line is None:
-        raise AssertionError(f"no {HTTP_LINE!r} line; printed {server.banner!r}; "
-                             f"log: {server.log()[-2000:]}")
-    return line.split()[-1].rstrip("/")
+    raise AssertionError(f"no {HTTP_LINE!r} line before the gRPC address; printed "
+                         f"{server.banner!r}; log: {server.log()[-2000:]}")
 
 
 async def chromium(profile: Path, *args: str) -> bytes:
     """Headless Chromium with ``args``; its stdout. A fresh profile folder per test keeps it off
-    the user's profile and its lock."""
+    the user's profile and its lock; the page's console goes to stderr, where an uncaught
+    error fails the call."""
     assert CHROMIUM is not None
     proc = await asyncio.create_subprocess_exec(
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-        f"--user-data-dir={profile}", *args,
+        f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0", *args,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:
         stdout, stderr = await asyncio.wait_for(proc.communicate(), CHROMIUM_TIMEOUT_S)
@@ -91,7 +88,10 @@ async def chromium(profile: Path, *args: str) -> bytes:
         proc.kill()
         await proc.wait()
         raise
-    assert proc.returncode == 0, f"chromium exited {proc.returncode}: {stderr.decode()[-2000:]}"
+    log = stderr.decode(errors="replace")
+    assert proc.returncode == 0, f"chromium exited {proc.returncode}: {log[-2000:]}"
+    errors = [line for line in log.splitlines() if "CONSOLE" in line and "Uncaught" in line]
+    assert not errors, errors
     return stdout
 
 
@@ -114,7 +114,8 @@ def every_device_has_a_rate(rows: PageRows) -> bool:
     return rows.polls >= 2 and all(rows.rates.get(name, 0.0) > 0 for name in SIM_DEVICES)
 
 
-async def test_the_page_shows_every_device_with_a_rate(server_factory, tmp_path: Path) -> None:
+async def test_the_page_shows_every_device_with_a_rate(
+        server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
     server = server_factory("--model", "sim", "--devices", ",".join(SIM_DEVICES.values()),
                             "--http-port", "0", "--no-warmup")
     base = http_url(server)
