@@ -23,12 +23,16 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 async def http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    """Send one raw request; the status, headers (lower-case names) and body of the answer."""
+    """Send one raw request; the status, headers (lower-case names) and body of the answer.
+    A request that parses gets ``Connection: close``, so the answer ends with the connection."""
+    line, sep, rest = request.partition(b"\r\n")
+    if sep and line.endswith(b"HTTP/1.1"):
+        request = line + b"\r\nConnection: close\r\n" + rest
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(request)
         await writer.drain()
-        answer = await reader.read()  # the endpoint closes the connection after answering
+        answer = await reader.read()
     finally:
         writer.close()
         await writer.wait_closed()
@@ -133,11 +137,12 @@ async def test_no_metrics_port_unless_asked_for() -> None:
 
 
 async def test_slow_clients_get_a_deadline_and_a_connection_cap() -> None:
-    from evenflow.server.observability.metrics_http import MetricsEndpoint
+    from evenflow.server.edge.rest.http_port import HttpPort, HttpSettings
+    from evenflow.server.observability.metrics_app import MetricsApp
 
-    endpoint = MetricsEndpoint(lambda: b"up 1\n", "text/plain", head_timeout_s=0.2,
-                               max_connections=2)
-    port = await endpoint.start("127.0.0.1", 0)
+    endpoint = HttpPort(MetricsApp(lambda: b"up 1\n", "text/plain"), name="metrics")
+    port = await endpoint.start(HttpSettings("127.0.0.1", 0, head_timeout_s=0.2,
+                                             max_connections=2))
     try:
         slow = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
         for _, writer in slow:

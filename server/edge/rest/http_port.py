@@ -85,7 +85,7 @@ class _Protocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
-        self._head_bytes = 0
+        self._head_bytes = self._wire_head_bytes = 0
         self._in_head = True
         super().connection_made(transport)
         self._arm_head_timer()
@@ -98,22 +98,34 @@ class _Protocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._in_head:
-            self._head_bytes += len(data)
+            self._wire_head_bytes += len(data)
         super().data_received(data)
-        # Checked after parsing: the packet that ends a head may also carry a large body.
-        if self._in_head and self._head_bytes > self.max_head_bytes:
+        # A head still incomplete after this many bytes is too large (checked after parsing:
+        # the packet that ends a head may also carry a large body).
+        if self._in_head and self._wire_head_bytes > self.max_head_bytes:
             self._refuse(431, b"request head too large")
+
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
+        super().on_header(name, value)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        self._head_bytes = 0
+        self._head_bytes = self._wire_head_bytes = 0
         if self._head_timer is None:
             self._arm_head_timer()
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
+        if self._head_bytes > self.max_head_bytes:  # a whole head in one packet
+            self._refuse(431, b"request head too large")
+            return
         cap = self.max_connections
         if len(self.connections) <= cap and len(self.tasks) < cap:
             super().on_headers_complete()
