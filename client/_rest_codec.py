@@ -52,14 +52,17 @@ class RestRequest:
 def encode_request(tensors: Sequence[WireTensor], outputs: Sequence[str] | None,
                    request_id: str | None, *, priority: int | None = None,
                    timeout_s: float | None = None) -> RestRequest:
-    """Inputs already in wire form (the load generator builds them once) as a request.
+    """Inputs already in wire form (the load generator builds them once) as a request;
+    ``request_id`` None sends a fresh id, "" none.
     ``timeout_s`` travels as Triton's ``timeout`` parameter (microseconds), the server's
     deadline for the request as gRPC's ``grpc-timeout`` is."""
     parameters: dict[str, Any] = {}
-    header: dict[str, Any] = {
-        "id": request_id if request_id is not None else uuid.uuid4().hex,
-        "inputs": [{"name": t.name, "shape": list(t.shape), "datatype": t.datatype,
-                    "parameters": {"binary_data_size": len(t.data)}} for t in tensors]}
+    header: dict[str, Any] = {}
+    request_id = uuid.uuid4().hex if request_id is None else request_id
+    if request_id:  # "" sends none, as tritonclient
+        header["id"] = request_id
+    header["inputs"] = [{"name": t.name, "shape": list(t.shape), "datatype": t.datatype,
+                         "parameters": {"binary_data_size": len(t.data)}} for t in tensors]
     if outputs:
         header["outputs"] = [{"name": name, "parameters": {"binary_data": True}}
                              for name in outputs]

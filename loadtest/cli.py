@@ -1,6 +1,7 @@
-"""``evenflow loadtest``: measure any KServe v2 gRPC server.
+"""``evenflow loadtest``: measure any KServe v2 server, over gRPC or HTTP/REST.
 
     evenflow loadtest --url 127.0.0.1:8001 --model mlp --concurrency 1,8,64 --out results/mlp
+    evenflow loadtest --url 127.0.0.1:8000 --protocol http --grpc-url 127.0.0.1:8001 ...
     evenflow loadtest --url ... --model mlp --rate 200,500,1000 --arrival gamma:2 --out ...
     evenflow loadtest --url ... --model sim --scenario loadtest/scenarios/burst.toml --out ...
     evenflow loadtest --url ... --model sim --slo-ms 50 --start-rate 300 --out results/goodput
@@ -19,18 +20,20 @@ from typing import Any
 
 import numpy as np
 
+from evenflow.client import InferenceServerError
+from evenflow.client._endpoint import PROTOCOLS, resolve
 from evenflow.client.credentials import Credentials
 from evenflow.loadtest.compare import compare
 from evenflow.loadtest.inputs import build_request, fetch_metadata, generated_arrays, npz_arrays
 from evenflow.loadtest.progress import LiveView, Progress
 from evenflow.loadtest.report import environment, write_results
-from evenflow.loadtest.runner import Target
 from evenflow.loadtest.scenario import load_scenario, run_scenario
 from evenflow.loadtest.server_stats import ServerWatcher
 from evenflow.loadtest.slo_search import Probe, SearchSettings, SloGoodput, search_goodput
 from evenflow.loadtest.sweep import (
     RECORD_DTYPE,
     SERIES_BIN_S,
+    STREAMING_NEEDS_GRPC,
     GeneratorShare,
     LoadSpec,
     PointResult,
@@ -38,6 +41,7 @@ from evenflow.loadtest.sweep import (
     generate,
     summarize,
 )
+from evenflow.loadtest.targets import make_target
 
 
 def _floats(text: str) -> list[float]:
@@ -48,7 +52,17 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="evenflow loadtest", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
-    p.add_argument("--url", required=True, help="HOST:PORT of a KServe v2 gRPC server")
+    p.add_argument("--url", required=True,
+                   help="HOST:PORT of a KServe v2 server (its HTTP port with --protocol http), "
+                        "or an http(s):// URL")
+    p.add_argument("--protocol", choices=PROTOCOLS, default=None,
+                   help="grpc (default) or http: every request over HTTP/REST with Triton's "
+                        "binary tensor data, one keep-alive connection per request in flight "
+                        "(an http:// URL means http)")
+    p.add_argument("--grpc-url", help="with --protocol http: the same server's gRPC HOST:PORT, "
+                   "for what only gRPC carries (evenflow's per-device view of the run, the "
+                   "server's statistics, a scenario's admin actions); without it the report "
+                   "has the client's view only")
     p.add_argument("--model", required=True)
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=_floats, help="closed loop: comma list of N")
@@ -69,7 +83,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--duration-s", type=float, default=10.0, help="per point (default 10)")
     p.add_argument("--warmup-s", type=float, default=2.0, help="per point, not measured")
     p.add_argument("--batch", type=int, default=1, help="samples per request (default 1)")
-    p.add_argument("--streaming", action="store_true", help="use ModelStreamInfer")
+    p.add_argument("--streaming", action="store_true",
+                   help="use ModelStreamInfer (gRPC only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--inputs", type=Path, help=".npz with one array per input name")
     p.add_argument("--procs", type=int, default=1, help="generator processes (default 1)")
@@ -105,9 +120,10 @@ async def _run_point(args: argparse.Namespace, request_bytes: bytes, view: LiveV
     start_s = time.monotonic() + (4.0 if args.procs > 1 else 0.05)
     spec = LoadSpec(args.url, request_bytes, mode, value, args.warmup_s + args.duration_s,
                     args.arrival, seed, args.streaming, args.timeout_s, start_s,
-                    credentials_from_args(args))
-    watcher = (ServerWatcher(args.url, args.model, credentials=credentials_from_args(args))
-               if watch_server else None)
+                    credentials_from_args(args), args.protocol)
+    stats_url = grpc_url(args)
+    watcher = (ServerWatcher(stats_url, args.model, credentials=credentials_from_args(args))
+               if watch_server and stats_url is not None else None)
 
     async def watch_after_warmup() -> None:
         if watcher is not None:
@@ -153,23 +169,26 @@ async def run_timeline(args: argparse.Namespace, request_bytes: bytes) -> list[d
     from evenflow.proto import grpc_service_pb2 as pb
 
     scenario = load_scenario(args.scenario)
-    target = Target(args.url, pb.ModelInferRequest.FromString(request_bytes),
-                    timeout_s=args.timeout_s, credentials=credentials_from_args(args))
-    watcher = ServerWatcher(args.url, args.model, credentials=credentials_from_args(args))
-    await watcher.start(time.monotonic())
+    target = make_target(args.url, args.protocol, pb.ModelInferRequest.FromString(request_bytes),
+                         timeout_s=args.timeout_s, credentials=credentials_from_args(args))
+    stats_url = grpc_url(args)
+    watcher = (ServerWatcher(stats_url, args.model, credentials=credentials_from_args(args))
+               if stats_url is not None else None)
+    if watcher is not None:
+        await watcher.start(time.monotonic())
     cpu_before_s, wall_before_s = time.process_time(), time.monotonic()
     try:
-        records, events, start_s = await run_scenario(scenario, target, args.seed)
+        records, events, start_s = await run_scenario(scenario, target, args.seed, stats_url)
     finally:
         await target.close()
     cpu_s, wall_s = time.process_time() - cpu_before_s, time.monotonic() - wall_before_s
-    server = await watcher.stop()
     spec = LoadSpec(args.url, request_bytes, "scenario", 0, scenario.duration_s)
     array = np.array([(r.intended_s, r.sent_s, r.done_s, r.status) for r in records],
                      dtype=RECORD_DTYPE)
     result = summarize(spec, [GeneratorShare(array, cpu_s, wall_s, 0)], start_s, 0.0,
                        bin_s=SERIES_BIN_S)
-    result.server = server.as_dict()
+    if watcher is not None:
+        result.server = (await watcher.stop()).as_dict()
     point = result.as_dict() | {"warmup_s": 0.0, "scenario": scenario.name,
                                 "events": events, "throughput_series_bin_s": SERIES_BIN_S,
                                 "p99_series_ms": binned_p99_ms(array, start_s,
@@ -213,6 +232,30 @@ def probe_of(result: PointResult, seed: int) -> Probe:
                  result.throughput_per_s)
 
 
+def grpc_url(args: argparse.Namespace) -> str | None:
+    """Where the server's own view (and admin actions) is read: gRPC, at --url when the load
+    is gRPC, else at --grpc-url (None: not given)."""
+    return args.url if args.protocol == "grpc" else args.grpc_url
+
+
+def check_protocol(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Settle ``args.protocol`` from --protocol and the URL; refuse what HTTP cannot run."""
+    try:
+        args.protocol = resolve(args.url, args.protocol, credentials_from_args(args)).protocol
+    except ValueError as exc:
+        p.error(str(exc))
+    if args.protocol == "grpc":
+        if args.grpc_url is not None:
+            p.error("--grpc-url is for --protocol http (gRPC load reads the server at --url)")
+        return
+    if args.streaming:
+        p.error(STREAMING_NEEDS_GRPC)
+    if args.scenario is not None and args.grpc_url is None \
+            and load_scenario(args.scenario).has_actions:
+        p.error(f"{args.scenario} has admin actions, which go over gRPC: give the server's "
+                "gRPC address with --grpc-url")
+
+
 def credentials_from_args(args: argparse.Namespace) -> Credentials | None:
     token = args.token_file.read_text().strip().splitlines()[0] if args.token_file else None
     if not (args.tls or args.tls_ca or args.tls_cert or token):
@@ -231,13 +274,23 @@ def main(argv: list[str] | None = None) -> int:
         compare_args = compare_parser.parse_args(argv[1:])
         print(compare(compare_args.dirs, compare_args.out))
         return 0
-    args = parser().parse_args(argv)
-    metadata = fetch_metadata(args.url, args.model, credentials=credentials_from_args(args))
+    p = parser()
+    args = p.parse_args(argv)
+    check_protocol(p, args)
+    try:
+        metadata = fetch_metadata(args.url, args.model, credentials=credentials_from_args(args),
+                                  protocol=args.protocol)
+    except InferenceServerError as exc:
+        print(f"evenflow loadtest: cannot read {args.model!r}'s metadata at {args.url} over "
+              f"{args.protocol}: {exc}", file=sys.stderr)
+        return 2
     arrays = (npz_arrays(args.inputs, metadata) if args.inputs
               else generated_arrays(metadata, args.batch, args.seed))
     request_bytes = build_request(args.model, arrays).SerializeToString()
+    print(f"load over {args.protocol} to {args.url}, model {args.model!r}", flush=True)
     payload: dict[str, Any] = {
-        "url": args.url, "model": args.model, "label": args.label, "environment": environment(),
+        "url": args.url, "protocol": args.protocol, "model": args.model, "label": args.label,
+        "environment": environment(),
         "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     if args.slo_ms is not None:
         payload["points"], found = asyncio.run(run_slo_search(args, request_bytes))

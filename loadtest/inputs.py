@@ -6,21 +6,20 @@ from pathlib import Path
 
 import numpy as np
 
-from evenflow.client import numpy_dtype
-from evenflow.client.credentials import Credentials, sync_channel
+from evenflow.client import Client, ModelMetadata, numpy_dtype
+from evenflow.client._endpoint import Protocol
+from evenflow.client.credentials import Credentials
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
 
 def fetch_metadata(url: str, model: str, timeout_s: float = 10.0,
-                   credentials: Credentials | None = None) -> pb.ModelMetadataResponse:
-    with sync_channel(url, [], credentials) as channel:
-        return pb_grpc.GRPCInferenceServiceStub(channel).ModelMetadata(
-            pb.ModelMetadataRequest(name=model), timeout=timeout_s,
-            metadata=credentials.metadata if credentials is not None else None)
+                   credentials: Credentials | None = None,
+                   protocol: Protocol | None = None) -> ModelMetadata:
+    with Client(url, protocol=protocol, credentials=credentials, retries=0) as client:
+        return client.model_metadata(model, timeout_s=timeout_s)
 
 
-def generated_arrays(metadata: pb.ModelMetadataResponse, batch: int, seed: int,
+def generated_arrays(metadata: ModelMetadata, batch: int, seed: int,
                      variable_dim: int = 1) -> dict[str, tuple[np.ndarray, str]]:
     """Random inputs of the model's datatypes; the batch dim (first -1) set to ``batch`` and any
     other -1 to ``variable_dim``."""
@@ -43,7 +42,7 @@ def generated_arrays(metadata: pb.ModelMetadataResponse, batch: int, seed: int,
     return arrays
 
 
-def npz_arrays(path: Path, metadata: pb.ModelMetadataResponse) -> dict[str, tuple[np.ndarray, str]]:
+def npz_arrays(path: Path, metadata: ModelMetadata) -> dict[str, tuple[np.ndarray, str]]:
     data = np.load(path)
     arrays = {}
     for tensor in metadata.inputs:

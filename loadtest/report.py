@@ -24,10 +24,12 @@ CSV_FIELDS = ("mode", "value", "throughput_per_s", "p50_ms", "p90_ms", "p99_ms",
 
 
 def environment() -> dict[str, Any]:
+    import aiohttp
     import grpc
 
     return {"command": " ".join(sys.argv), "python": platform.python_version(),
-            "grpcio": grpc.__version__, "cores": os.cpu_count(), "platform": platform.platform()}
+            "grpcio": grpc.__version__, "aiohttp": aiohttp.__version__, "cores": os.cpu_count(),
+            "platform": platform.platform()}
 
 
 def csv_row(point: dict[str, Any]) -> dict[str, Any]:
@@ -171,7 +173,8 @@ def _save(fig: Any, path: Path) -> str:
 
 
 def write_markdown(out: Path, payload: dict[str, Any], plots: list[str]) -> None:
-    lines = [f"# Load test: {payload['model']} at {payload['url']}", "",
+    protocol = {"grpc": "gRPC", "http": "HTTP/REST"}.get(payload.get("protocol", "grpc"), "?")
+    lines = [f"# Load test: {payload['model']} at {payload['url']} over {protocol}", "",
              f"`{payload['environment']['command']}`", ""]
     search = payload.get("slo_search")
     if search:

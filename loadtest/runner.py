@@ -1,4 +1,5 @@
-"""Load generation against any KServe v2 gRPC server: closed loop (N requests always outstanding)
+"""Load generation against any KServe v2 server (over gRPC here, over HTTP with
+``http_target.HttpTarget``): closed loop (N requests always outstanding)
 and open loop (requests sent at scheduled times, whatever the server does).
 
 Open-loop latency is measured from each request's *intended* send time, so a server that stalls
@@ -13,6 +14,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -36,6 +38,18 @@ class RequestRecord:
     @property
     def latency_s(self) -> float:
         return self.done_s - self.intended_s
+
+
+class LoadTarget(Protocol):
+    """What the loops send to: one request (built once) to one server, over some transport;
+    ``send`` answers "OK" or the failure's gRPC status code name, and never raises."""
+
+    url: str
+    timeout_s: float
+
+    async def send(self, index: int) -> str: ...
+
+    async def close(self) -> None: ...
 
 
 class Target:
@@ -70,7 +84,7 @@ class Target:
         return OK
 
 
-async def closed_loop(target: Target, *, concurrency: int, duration_s: float,
+async def closed_loop(target: LoadTarget, *, concurrency: int, duration_s: float,
                       records: list[RequestRecord] | None = None) -> list[RequestRecord]:
     """``concurrency`` workers, each sending its next request as soon as the last one returns,
     until ``duration_s`` has passed. Records go into ``records`` (a new list by default) as
@@ -88,7 +102,7 @@ async def closed_loop(target: Target, *, concurrency: int, duration_s: float,
     return records
 
 
-async def open_loop(target: Target, send_offsets_s: Sequence[float], *,
+async def open_loop(target: LoadTarget, send_offsets_s: Sequence[float], *,
                     max_outstanding: int = 20_000, start_s: float | None = None,
                     records: list[RequestRecord] | None = None
                     ) -> tuple[list[RequestRecord], int]:

@@ -31,7 +31,7 @@ from typing import Any
 import grpc
 
 from evenflow.loadtest.arrivals import Arrival, send_times_s
-from evenflow.loadtest.runner import RequestRecord, Target, closed_loop, open_loop
+from evenflow.loadtest.runner import LoadTarget, RequestRecord, closed_loop, open_loop
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 
@@ -60,6 +60,10 @@ class Scenario:
     @property
     def load_steps(self) -> list[Step]:
         return [s for s in self.steps if s.is_load]
+
+    @property
+    def has_actions(self) -> bool:
+        return any(s.action is not None for s in self.steps)
 
 
 _ACTIONS = ("set_device_speed",)
@@ -100,9 +104,14 @@ async def _act(url: str, step: Step) -> str:
     raise AssertionError(step.action)
 
 
-async def run_scenario(scenario: Scenario, target: Target, seed: int
+async def run_scenario(scenario: Scenario, target: LoadTarget, seed: int,
+                       admin_url: str | None = None
                        ) -> tuple[list[RequestRecord], list[tuple[float, str]], float]:
-    """Run the timeline; returns every request, the events (time, what) and the start time."""
+    """Run the timeline; returns every request, the events (time, what) and the start time.
+    Admin actions go over gRPC to ``admin_url`` (default: the target's, a gRPC target)."""
+    if admin_url is None and scenario.has_actions and "://" in target.url:  # an HTTP target
+        raise ValueError(f"{target.url}: a scenario's admin actions need the server's gRPC "
+                         "address (--grpc-url)")
     start_s = time.monotonic()
     records: list[RequestRecord] = []
     events: list[tuple[float, str]] = []
@@ -118,7 +127,8 @@ async def run_scenario(scenario: Scenario, target: Target, seed: int
                 continue
             await at(step.at_s)
             if step.action is not None:
-                events.append((time.monotonic() - start_s, await _act(target.url, step)))
+                events.append((time.monotonic() - start_s,
+                               await _act(admin_url or target.url, step)))
             if step.burst:
                 events.append((time.monotonic() - start_s, f"burst of {step.burst}"))
                 burst, _ = await open_loop(target, [0.0] * step.burst)

@@ -13,15 +13,26 @@ from typing import Any
 
 import numpy as np
 
+from evenflow.client._endpoint import Protocol
 from evenflow.client.credentials import Credentials
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.loadtest.histogram import LatencyHistogram
 from evenflow.loadtest.percentiles import ordered_percentile, percentile
 from evenflow.loadtest.progress import Progress
-from evenflow.loadtest.runner import OK, RequestRecord, Target, closed_loop, open_loop
+from evenflow.loadtest.runner import (
+    OK,
+    LoadTarget,
+    RequestRecord,
+    Target,
+    closed_loop,
+    open_loop,
+)
 from evenflow.loadtest.streaming import stream_closed_loop, stream_open_loop
+from evenflow.loadtest.targets import make_target
 from evenflow.proto import grpc_service_pb2 as pb
 
+STREAMING_NEEDS_GRPC = ("--streaming sends over gRPC's ModelStreamInfer; HTTP/1.1 has no "
+                        "streams: drop --streaming, or use --protocol grpc")
 SERIES_BIN_S = 0.25  # time series (throughput, p99 over time) in bins of this width
 RECORD_DTYPE = np.dtype([("intended_s", "f8"), ("sent_s", "f8"), ("done_s", "f8"),
                          ("status", "U24")])
@@ -29,7 +40,8 @@ RECORD_DTYPE = np.dtype([("intended_s", "f8"), ("sent_s", "f8"), ("done_s", "f8"
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """What one process generates. ``mode`` is ``concurrency`` or ``rate``."""
+    """What one process generates. ``mode`` is ``concurrency`` or ``rate``; ``protocol`` the
+    transport (``streaming`` needs gRPC's streams)."""
 
     url: str
     request_bytes: bytes
@@ -42,6 +54,11 @@ class LoadSpec:
     timeout_s: float = 30.0
     start_at_s: float = 0.0  # monotonic (system-wide); every process starts then
     credentials: Credentials | None = None
+    protocol: Protocol = "grpc"
+
+    def __post_init__(self) -> None:
+        if self.streaming and self.protocol != "grpc":
+            raise ValueError(STREAMING_NEEDS_GRPC)
 
     def share(self, index: int, procs: int) -> LoadSpec:
         value: float
@@ -51,7 +68,7 @@ class LoadSpec:
             value = self.value / procs
         return LoadSpec(self.url, self.request_bytes, self.mode, value, self.duration_s,
                         self.arrival, self.seed * 1000 + index, self.streaming, self.timeout_s,
-                        self.start_at_s, self.credentials)
+                        self.start_at_s, self.credentials, self.protocol)
 
 
 @dataclass
@@ -84,21 +101,29 @@ class PointResult:
 
 async def _generate(spec: LoadSpec, progress: Progress | None) -> tuple[list[RequestRecord], int]:
     request = pb.ModelInferRequest.FromString(spec.request_bytes)
-    target = Target(spec.url, request, timeout_s=spec.timeout_s, credentials=spec.credentials)
+    # HTTP/1.1 needs a connection per request in flight: a closed loop's concurrency, or as
+    # many as an open loop has outstanding (unbounded).
+    target = make_target(spec.url, spec.protocol, request, timeout_s=spec.timeout_s,
+                         credentials=spec.credentials,
+                         connections=int(spec.value) if spec.mode == "concurrency" else 0)
     reporter = asyncio.create_task(progress.report_from(lambda: records)) if progress else None
     records: list[RequestRecord] = []
     try:
         await asyncio.sleep(max(0.0, spec.start_at_s - time.monotonic()))  # align processes
         if spec.mode == "concurrency":
-            run = stream_closed_loop if spec.streaming else closed_loop
-            await run(target, concurrency=int(spec.value), duration_s=spec.duration_s,
-                      records=records)
+            if spec.streaming:
+                await stream_closed_loop(_grpc(target), concurrency=int(spec.value),
+                                         duration_s=spec.duration_s, records=records)
+            else:
+                await closed_loop(target, concurrency=int(spec.value),
+                                  duration_s=spec.duration_s, records=records)
             return records, 0
         offsets = send_times_s(Arrival.parse(spec.arrival), spec.value, spec.duration_s,
                                spec.seed)
         start_s = max(spec.start_at_s, time.monotonic())
         if spec.streaming:
-            _, dropped = await stream_open_loop(target, offsets, start_s, records=records)
+            _, dropped = await stream_open_loop(_grpc(target), offsets, start_s,
+                                                records=records)
         else:
             _, dropped = await open_loop(target, offsets, start_s=start_s, records=records)
         return records, dropped
@@ -106,6 +131,12 @@ async def _generate(spec: LoadSpec, progress: Progress | None) -> tuple[list[Req
         if reporter is not None:
             reporter.cancel()
         await target.close()
+
+
+def _grpc(target: LoadTarget) -> Target:
+    if not isinstance(target, Target):
+        raise ValueError(STREAMING_NEEDS_GRPC)
+    return target
 
 
 _worker_progress: Progress | None = None
