@@ -24,8 +24,7 @@ from evenflow.client import (
     ServerUnavailableError,
 )
 from tests.certs import Pki, make_pki
-from tests.integration.test_subprocess import perf_analyzer_command
-from tests.servers import TESTS_DIR
+from tests.servers import TESTS_DIR, perf_analyzer_command
 
 # slow: TLS and token servers as subprocesses.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -114,6 +113,47 @@ def test_metrics_over_https_need_the_token(tls_server, pki: Pki) -> None:  # typ
         urllib.request.urlopen(url, context=context, timeout=10)  # loopback
     assert info.value.code == 401
     info.value.close()
+
+
+def http_status(url: str, context: ssl.SSLContext, *, token: str | None = None,
+                body: bytes | None = None) -> int:
+    """The status of one HTTPS call (GET, or POST with ``body``) to the server's HTTP port."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, data=body, headers=headers)
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as response:  # loopback
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        error.close()
+        return error.code
+
+
+INFER_BODY = ('{"inputs":[{"name":"x","datatype":"FP32","shape":[1,256],"data":['
+              + ",".join(["1"] * 256) + ']}]}').encode()
+
+
+def test_http_takes_the_same_tls_and_token(tls_server, pki: Pki) -> None:  # type: ignore[no-untyped-def]
+    base = f"https://{tls_server.http_url}"
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    infer_url = f"{base}/v2/models/mlp/infer"
+    assert http_status(infer_url, context, token=TOKEN, body=INFER_BODY) == 200
+    assert http_status(infer_url, context, body=INFER_BODY) == 401
+    assert http_status(infer_url, context, token="wrong-token-of-some-length",
+                       body=INFER_BODY) == 401
+    assert http_status(f"{base}/v2/models/mlp/stats", context) == 401  # statistics group
+    assert http_status(f"{base}/v2/health/ready", context) == 200  # health stays open
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plaintext to the TLS port
+        urllib.request.urlopen(f"http://{tls_server.http_url}/v2/health/ready",  # loopback
+                               timeout=10)
+
+
+def test_http_mutual_tls_needs_a_client_certificate(mtls_server, pki: Pki) -> None:  # type: ignore[no-untyped-def]
+    url = f"https://{mtls_server.http_url}/v2/models/mlp/infer"
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    with pytest.raises(urllib.error.URLError):
+        http_status(url, context, token=TOKEN, body=INFER_BODY)
+    context.load_cert_chain(pki.client_cert, pki.client_key)
+    assert http_status(url, context, token=TOKEN, body=INFER_BODY) == 200
 
 
 def triton_probe(url: str, pki: Pki, *, cert: bool, token: bool) -> str:
