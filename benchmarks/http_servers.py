@@ -349,9 +349,10 @@ def _loadavg() -> str:
 
 def summarize(series: dict[str, dict[int, list[Sample]]]) -> list[dict[str, Any]]:
     rows = []
-    for name, by_concurrency in series.items():
-        for concurrency, samples in sorted(by_concurrency.items()):
-            if not samples:
+    concurrencies = sorted({c for by_concurrency in series.values() for c in by_concurrency})
+    for concurrency in concurrencies:  # then in the order measured: candidates, echo, JSON
+        for name, by_concurrency in series.items():
+            if not (samples := by_concurrency.get(concurrency)):
                 continue
             tput = [s.point.infer_per_s for s in samples]
             p99 = [s.point.p99_ms for s in samples]
@@ -366,12 +367,12 @@ def summarize(series: dict[str, dict[int, list[Sample]]]) -> list[dict[str, Any]
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print("\n| server | conc | infer/s median (min..max) | p99 ms median (min..max) "
+    print("\n| server | conc | runs | infer/s median (min..max) | p99 ms median (min..max) "
           "| server CPU us/req |")
-    print("|---|---:|---:|---:|---:|")
-    for row in sorted(rows, key=lambda r: (r["concurrency"], r["server"])):
+    print("|---|---:|---:|---:|---:|---:|")
+    for row in rows:
         print(f"| {row['server']}{'' if row['all_stable'] else ' *'} | {row['concurrency']} "
-              f"| {row['infer_per_s']:.0f} ({row['infer_per_s_min']:.0f}.."
+              f"| {row['repeats']} | {row['infer_per_s']:.0f} ({row['infer_per_s_min']:.0f}.."
               f"{row['infer_per_s_max']:.0f}) | {row['p99_ms']:.2f} ({row['p99_ms_min']:.2f}.."
               f"{row['p99_ms_max']:.2f}) | {row['cpu_per_request_us']:.0f} |")
     print("* = perf_analyzer reported an unstable window in at least one repeat")
@@ -396,10 +397,17 @@ def run_benchmark(args: argparse.Namespace) -> None:
                                   args.out / "echo.log")
         series: dict[str, dict[int, list[Sample]]] = {}
         loads: list[str] = []
+        failed: list[str] = []
 
         def point(label: str, server: Server, concurrency: int, extra: tuple[str, ...]) -> None:
             loads.append(_loadavg())
-            sample = measure(server, concurrency, args.out, args.window_ms, extra)
+            try:
+                sample = measure(server, concurrency, args.out, args.window_ms, extra)
+            except RuntimeError:  # no window stable enough for a figure: the machine is shared
+                failed.append(f"{label} c={concurrency}")
+                print(f"  {label:18s} c={concurrency:<3d} no stable measurement "
+                      f"(load {loads[-1]}); left out", flush=True)
+                return
             series.setdefault(label, {}).setdefault(concurrency, []).append(sample)
             print(f"  {label:18s} c={concurrency:<3d} {sample.point.infer_per_s:8.0f} infer/s "
                   f"p99 {sample.point.p99_ms:6.2f} ms cpu {sample.cpu_per_request_us:5.0f} us/req"
@@ -421,8 +429,10 @@ def run_benchmark(args: argparse.Namespace) -> None:
     rows = summarize(series)
     print_table(rows)
     print(f"load average after: {_loadavg()}")
+    if failed:
+        print(f"left out (perf_analyzer found no stable window): {', '.join(failed)}")
     write_json(args.out / "http_servers.json",
-               {"rows": rows, "load_average_before_points": loads})
+               {"rows": rows, "failed_points": failed, "load_average_before_points": loads})
 
 
 def main() -> None:
