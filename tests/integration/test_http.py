@@ -4,9 +4,12 @@ model control through tritonclient.http, and what draining does to HTTP calls.""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -64,3 +67,38 @@ def test_perf_analyzer_over_http_runs_at_1_16_and_64(mlp_server, tensor_format: 
                                      + run.stderr[-3000:])
         assert f"Concurrency: {concurrency}, throughput" in run.stdout
         assert "Server:" in run.stdout  # it read our statistics JSON for the breakdown
+
+
+async def test_sigterm_answers_admitted_http_calls_and_refuses_new_ones_with_503(
+        server_factory) -> None:  # type: ignore[no-untyped-def]
+    import aiohttp
+
+    server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "600",
+                            "--max-wait-ms", "0", "--latency-target-ms", "5000", "--no-warmup")
+    base = f"http://{server.http_url}"
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 256],
+                        "data": [3.0] * 256}]}
+    async with aiohttp.ClientSession() as session:
+        async def infer() -> tuple[int, dict[str, Any]]:
+            async with session.post(f"{base}/v2/models/sim/infer", json=body) as response:
+                return response.status, await response.json()
+
+        in_flight = asyncio.create_task(infer())
+        for _ in range(10_000):  # poll the server's own view until the request is running
+            async with session.get(f"{base}/evenflow/v1/stats") as response:
+                stats = await response.json()
+            if stats["models"][0]["replicas"][0]["running_requests"]:
+                break
+        else:
+            pytest.fail("request never started")
+        server.proc.send_signal(signal.SIGTERM)
+        for _ in range(10_000):  # until the drain has begun: readiness turns 503
+            async with session.get(f"{base}/v2/health/ready") as response:
+                if response.status == 503:
+                    break
+        status, refusal = await infer()
+        assert status == 503 and "shutting down" in refusal["error"], refusal
+        status, answer = await in_flight
+    assert status == 200, answer
+    assert answer["outputs"][0]["data"] == [3.0] * 256
+    assert await asyncio.to_thread(server.proc.wait, 30) == 0
