@@ -24,8 +24,9 @@ if [ "${1:-}" = "--perf-analyzer" ]; then
   lib="$PWD/$tools/nvidia/cuda_runtime/lib"
   if LD_LIBRARY_PATH="$lib" ldd "$tools/bin/perf_analyzer" | grep -q "not found"; then
     # Its one missing system library on Debian; needs root (CI runs as root).
-    (apt-get install -y -q libb64-0d >/dev/null 2>&1 \
-      || (apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libb64-0d >/dev/null 2>&1)) \
+    (apt-get install -y -q -o DPkg::Lock::Timeout=600 libb64-0d >/dev/null 2>&1 \
+      || (apt-get update -q -o DPkg::Lock::Timeout=600 >/dev/null 2>&1 \
+          && apt-get install -y -q -o DPkg::Lock::Timeout=600 libb64-0d >/dev/null 2>&1)) \
       || echo "setup: could not install libb64-0d; perf_analyzer tests will skip" >&2
   fi
   mkdir -p .tools/bin
