@@ -45,8 +45,9 @@ load = false
 
 
 @pytest.mark.slow  # a subprocess server and a tritonclient probe process
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
 async def test_load_and_unload_with_tritonclient_while_another_model_serves(
-        server_factory, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+        server_factory, tmp_path: Path, protocol: str) -> None:  # type: ignore[no-untyped-def]
     if importlib.util.find_spec("tritonclient") is None:
         pytest.skip("tritonclient is not installed")
     config = tmp_path / "evenflow.toml"
@@ -64,13 +65,14 @@ async def test_load_and_unload_with_tritonclient_while_another_model_serves(
     async with AsyncClient(server.url) as client:
         callers = [asyncio.create_task(keep_calling(client)) for _ in range(4)]
         probe = await asyncio.create_subprocess_exec(
-            sys.executable, str(TESTS_DIR / "model_control_probe.py"), server.url,
+            sys.executable, str(TESTS_DIR / "model_control_probe.py"),
+            server.http_url if protocol == "http" else server.url, protocol,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         output, _ = await asyncio.wait_for(probe.communicate(), timeout=90)
         done.set()
         await asyncio.gather(*callers)  # a failed call on "stays" raises here
     assert probe.returncode == 0, output.decode()[-3000:]
-    assert "model control probe: ok" in output.decode()
+    assert f"model control probe ({protocol}): ok" in output.decode()
     assert answers and all(answers), f"{answers.count(False)} wrong of {len(answers)}"
 
 
