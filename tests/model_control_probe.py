@@ -10,7 +10,6 @@ differ in the index's shape and in the status an error carries.
 from __future__ import annotations
 
 import sys
-
 from typing import Any
 
 import numpy as np

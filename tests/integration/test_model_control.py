@@ -77,7 +77,7 @@ async def test_load_and_unload_with_tritonclient_while_another_model_serves(
 
 
 async def test_unload_finishes_admitted_requests_first() -> None:
-    config = ServerConfig(http_port=None, 
+    config = ServerConfig(http_port=None,
         port=0, devices="sim:1", builtins=BuiltinOptions(sim_profile=SimProfile(200.0, 1.0)),
         balancer=BalancerConfig(max_wait_s=0.0, max_batch=4),
         models=(ModelConfig("slow", "sim"),))
