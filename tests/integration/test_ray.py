@@ -217,7 +217,8 @@ async def test_a_replica_the_cluster_cannot_place_fails_start_up_naming_it(
     used to wait 300 s, silently), naming the replica, its request and what the cluster has;
     meanwhile the wait is logged."""
     timeout_s = 4.0
-    app = App(ServerConfig(http_port=None, host="127.0.0.1", port=0, models=(("sim", "sim"),), devices="cuda:0",
+    app = App(ServerConfig(http_port=None, host="127.0.0.1", port=0, models=(("sim", "sim"),),
+                           devices="cuda:0",
                            workers="ray", frontends=1, ray_address="local",
                            ray_placement_timeout_s=timeout_s))
     started_s = time.monotonic()
