@@ -873,3 +873,5 @@ def test_the_servers_memory_stayed_bounded_over_the_suite(
     print(f"\nserver RSS over the suite: {rss_at_start_bytes / 2**20:.0f} -> "
           f"{rss / 2**20:.0f} MiB")
     assert rss - rss_at_start_bytes < MEMORY_GROWTH_BYTES, "server memory grew past the bound"
+    # No bad request reached a code path that failed: nothing was logged as a crash.
+    assert "Traceback" not in server.log(), server.log()[-3000:]
