@@ -306,6 +306,7 @@ class Replica:
             batch_size=self._controller.batch_size, fit_base_s=fit.base_s,
             fit_per_sample_s=fit.per_sample_s, fit_reliable=fit.reliable,
             num_batches=self.stats.num_batches, num_samples=self.stats.num_samples,
+            num_requests=self.stats.num_requests,
             num_stolen_requests=self.stats.num_stolen_requests,
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
@@ -500,7 +501,7 @@ class Replica:
             else max(device_s, now_s - start_s)
         self._estimator.observe(num_samples, batch_s)
         self._controller.update(self._estimator.fit, num_samples, batch_s)
-        self.stats.record_batch(num_samples, now_s - device_s, now_s)
+        self.stats.record_batch(num_samples, len(jobs), now_s - device_s, now_s)
         answer_batch(self._model_counters, jobs, result.outputs, timing=result.timing,
                      num_samples=num_samples, start_s=start_s, now_s=now_s)
 

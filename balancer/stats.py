@@ -282,6 +282,7 @@ class ReplicaSnapshot:
     restarts: int = 0
     location: str = ""  # where the worker runs (its host's name for it; "" in this process)
     unusable_reason: str = ""  # why the replica is out of routing for good (a lost device)
+    num_requests: int = 0  # answered by its batches
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,12 +305,16 @@ class ReplicaCounters:
         self.busy = BusyMeter()
         self.num_batches = 0
         self.num_samples = 0
+        self.num_requests = 0
         self.num_stolen_requests = 0
         self.batch_size_counts: Counter[int] = Counter()
 
-    def record_batch(self, num_samples: int, start_s: float, end_s: float) -> None:
-        """A batch of ``num_samples`` ran on the device from ``start_s`` to ``end_s``."""
+    def record_batch(self, num_samples: int, num_requests: int, start_s: float,
+                     end_s: float) -> None:
+        """A batch of ``num_samples`` from ``num_requests`` requests ran on the device from
+        ``start_s`` to ``end_s``."""
         self.busy.record(start_s, end_s)
         self.num_batches += 1
         self.num_samples += num_samples
+        self.num_requests += num_requests
         self.batch_size_counts[num_samples] += 1

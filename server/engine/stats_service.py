@@ -23,7 +23,7 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
         batch_size=snapshot.batch_size, fit_base_s=snapshot.fit_base_s,
         fit_per_sample_s=snapshot.fit_per_sample_s, fit_reliable=snapshot.fit_reliable,
         num_batches=snapshot.num_batches, num_samples=snapshot.num_samples,
-        num_stolen_requests=snapshot.num_stolen_requests,
+        num_requests=snapshot.num_requests, num_stolen_requests=snapshot.num_stolen_requests,
         running_requests=snapshot.running_requests,
         stages=[ef.PipelineStage(**stage) for stage in snapshot.stages],
         num_repartitions=snapshot.num_repartitions, healthy=snapshot.healthy,

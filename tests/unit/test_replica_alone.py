@@ -244,3 +244,17 @@ async def test_the_snapshot_and_the_fit_report_the_batches_it_ran(
     assert (done.healthy, done.restarts, done.queued_requests) == (True, 0, 2)
     # One size measured: the fit answers that size as measured (0.01 + 4 * 0.001 s).
     assert replica.predict_s(MAX_BATCH) == pytest.approx(0.014)
+
+
+async def test_requests_and_samples_are_counted_apart(
+        make_replica: Callable[[FakeWorker], Replica], fake_time: FakeTime) -> None:
+    replica = make_replica(FakeWorker("w"))
+    loop = asyncio.get_running_loop()
+    jobs = [Job(payload, samples, fake_time(), math.inf, loop.create_future())
+            for payload, samples in (("a", 3), ("b", 1))]
+    for job in jobs:
+        replica.admit(job, fake_time())
+    await settle()
+    assert all(job.future.done() for job in jobs)
+    snapshot = replica.snapshot(fake_time())
+    assert (snapshot.num_requests, snapshot.num_samples) == (2, 4)
