@@ -16,10 +16,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 REPO = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
+HTTP_BANNER = "evenflow http on http://"  # how ``evenflow serve`` announces its HTTP port
+Protocol = Literal["grpc", "http"]  # perf_analyzer's -i for a KServe v2 server
 
 
 @dataclass
@@ -27,6 +29,16 @@ class Server:
     proc: subprocess.Popen[str]
     url: str
     banner: tuple[str, ...] = ()  # what it printed before its address line
+
+    @property
+    def http_url(self) -> str:
+        """HOST:PORT of an evenflow server's HTTP port, from the ``evenflow http on
+        http://HOST:PORT`` line it prints before its gRPC address."""
+        for line in self.banner:
+            if line.startswith(HTTP_BANNER):
+                return line.removeprefix(HTTP_BANNER).split()[0]
+        raise RuntimeError(f"the server at {self.url} printed no '{HTTP_BANNER}' line: is its "
+                           "HTTP port off?")
 
     def cpu_s(self) -> float:
         """User + system CPU seconds the server process has used so far."""
@@ -123,13 +135,16 @@ STREAM = "+stream"
 
 def perf_analyzer(url: str, model: str, concurrency: int, out_dir: Path, *, shape: str = "x:256",
                   batch: int = 1, window_ms: int = 3000, extra: tuple[str, ...] = (),
-                  streaming: bool = False) -> PerfPoint:
-    """One closed-loop point over KServe v2 gRPC: unary calls, or with ``streaming`` one
-    ModelStreamInfer stream per concurrency slot. An unstable measurement is kept and flagged,
-    not dropped."""
+                  streaming: bool = False, protocol: Protocol = "grpc") -> PerfPoint:
+    """One closed-loop point over KServe v2: gRPC unary calls, or with ``streaming`` one
+    ModelStreamInfer stream per concurrency slot, or with ``protocol="http"`` REST requests
+    (``url`` is then the HTTP port's HOST:PORT; tensors binary unless ``extra`` asks for
+    ``--input-tensor-format json``). An unstable measurement is kept and flagged, not dropped."""
+    if streaming and protocol != "grpc":
+        raise ValueError("perf_analyzer streams over gRPC only")
     return _perf_analyzer_point(
         url, model, ("--concurrency-range", f"{concurrency}:{concurrency}"), concurrency,
-        out_dir, inputs=_kserve_inputs(shape, batch), window_ms=window_ms,
+        out_dir, inputs=_kserve_inputs(shape, batch, protocol), window_ms=window_ms,
         extra=(*extra, *(("--streaming",) if streaming else ())))
 
 
@@ -152,8 +167,8 @@ def perf_analyzer_at_rate(url: str, model: str, rate_per_s: float, out_dir: Path
         inputs=_kserve_inputs(shape, 1), window_ms=window_ms, extra=("--percentile", "99"))
 
 
-def _kserve_inputs(shape: str, batch: int) -> tuple[str, ...]:
-    return ("-i", "grpc", "--shape", shape, "-b", str(batch))
+def _kserve_inputs(shape: str, batch: int, protocol: Protocol = "grpc") -> tuple[str, ...]:
+    return ("-i", protocol, "--shape", shape, "-b", str(batch))
 
 
 def _perf_analyzer_point(url: str, model: str, load: tuple[str, ...], concurrency: int,
