@@ -1,7 +1,7 @@
 """``evenflow loadtest``: measure any KServe v2 server, over gRPC or HTTP/REST.
 
     evenflow loadtest --url 127.0.0.1:8001 --model mlp --concurrency 1,8,64 --out results/mlp
-    evenflow loadtest --url 127.0.0.1:8000 --protocol http --grpc-url 127.0.0.1:8001 ...
+    evenflow loadtest --url 127.0.0.1:8000 --protocol http --model mlp --concurrency 1,8,64 ...
     evenflow loadtest --url ... --model mlp --rate 200,500,1000 --arrival gamma:2 --out ...
     evenflow loadtest --url ... --model sim --scenario loadtest/scenarios/burst.toml --out ...
     evenflow loadtest --url ... --model sim --slo-ms 50 --start-rate 300 --out results/goodput
@@ -60,9 +60,8 @@ def parser() -> argparse.ArgumentParser:
                         "binary tensor data, one keep-alive connection per request in flight "
                         "(an http:// URL means http)")
     p.add_argument("--grpc-url", help="with --protocol http: the same server's gRPC HOST:PORT, "
-                   "for what only gRPC carries (evenflow's per-device view of the run, the "
-                   "server's statistics, a scenario's admin actions); without it the report "
-                   "has the client's view only")
+                   "for a scenario's admin actions (gRPC only; the server's view of the run "
+                   "is read over HTTP)")
     p.add_argument("--model", required=True)
     load = p.add_mutually_exclusive_group(required=True)
     load.add_argument("--concurrency", type=_floats, help="closed loop: comma list of N")
@@ -121,9 +120,8 @@ async def _run_point(args: argparse.Namespace, request_bytes: bytes, view: LiveV
     spec = LoadSpec(args.url, request_bytes, mode, value, args.warmup_s + args.duration_s,
                     args.arrival, seed, args.streaming, args.timeout_s, start_s,
                     credentials_from_args(args), args.protocol)
-    stats_url = grpc_url(args)
-    watcher = (ServerWatcher(stats_url, args.model, credentials=credentials_from_args(args))
-               if watch_server and stats_url is not None else None)
+    watcher = (ServerWatcher(args.url, args.model, credentials=credentials_from_args(args),
+                             protocol=args.protocol) if watch_server else None)
 
     async def watch_after_warmup() -> None:
         if watcher is not None:
@@ -171,24 +169,23 @@ async def run_timeline(args: argparse.Namespace, request_bytes: bytes) -> list[d
     scenario = load_scenario(args.scenario)
     target = make_target(args.url, args.protocol, pb.ModelInferRequest.FromString(request_bytes),
                          timeout_s=args.timeout_s, credentials=credentials_from_args(args))
-    stats_url = grpc_url(args)
-    watcher = (ServerWatcher(stats_url, args.model, credentials=credentials_from_args(args))
-               if stats_url is not None else None)
-    if watcher is not None:
-        await watcher.start(time.monotonic())
+    watcher = ServerWatcher(args.url, args.model, credentials=credentials_from_args(args),
+                            protocol=args.protocol)
+    await watcher.start(time.monotonic())
     cpu_before_s, wall_before_s = time.process_time(), time.monotonic()
     try:
-        records, events, start_s = await run_scenario(scenario, target, args.seed, stats_url)
+        records, events, start_s = await run_scenario(scenario, target, args.seed,
+                                                      admin_url(args))
     finally:
         await target.close()
     cpu_s, wall_s = time.process_time() - cpu_before_s, time.monotonic() - wall_before_s
+    server = await watcher.stop()
     spec = LoadSpec(args.url, request_bytes, "scenario", 0, scenario.duration_s)
     array = np.array([(r.intended_s, r.sent_s, r.done_s, r.status) for r in records],
                      dtype=RECORD_DTYPE)
     result = summarize(spec, [GeneratorShare(array, cpu_s, wall_s, 0)], start_s, 0.0,
                        bin_s=SERIES_BIN_S)
-    if watcher is not None:
-        result.server = (await watcher.stop()).as_dict()
+    result.server = server.as_dict()
     point = result.as_dict() | {"warmup_s": 0.0, "scenario": scenario.name,
                                 "events": events, "throughput_series_bin_s": SERIES_BIN_S,
                                 "p99_series_ms": binned_p99_ms(array, start_s,
@@ -232,9 +229,9 @@ def probe_of(result: PointResult, seed: int) -> Probe:
                  result.throughput_per_s)
 
 
-def grpc_url(args: argparse.Namespace) -> str | None:
-    """Where the server's own view (and admin actions) is read: gRPC, at --url when the load
-    is gRPC, else at --grpc-url (None: not given)."""
+def admin_url(args: argparse.Namespace) -> str | None:
+    """Where a scenario's admin actions go (gRPC only): --url when the load is gRPC, else
+    --grpc-url (None: not given)."""
     return args.url if args.protocol == "grpc" else args.grpc_url
 
 

@@ -1,5 +1,6 @@
-"""The server-side view while load runs: evenflow's stats RPC polled over time, and Triton-style
-ModelStatistics before and after (any server that implements it, Triton included)."""
+"""The server-side view while load runs: evenflow's stats polled over time, and Triton-style
+ModelStatistics before and after (any server that implements it, Triton included), over gRPC
+or HTTP (``stats_sources``)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import grpc
-
-from evenflow.client.credentials import Credentials, aio_channel
-from evenflow.proto import evenflow_pb2 as ef
-from evenflow.proto import evenflow_pb2_grpc as ef_grpc
+from evenflow.client._endpoint import Protocol
+from evenflow.client.credentials import Credentials
+from evenflow.loadtest.stats_sources import StatsUnavailable, stats_source
 from evenflow.proto import grpc_service_pb2 as pb
-from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
 
 @dataclass
@@ -46,14 +44,13 @@ class ServerView:
 
 
 class ServerWatcher:
-    """Polls GetStats every ``interval_s`` (when the server is evenflow) between start and stop."""
+    """Polls GetStats every ``interval_s`` (when the server is evenflow) between start and stop,
+    over the load's transport (``protocol``, as the client reads the URL)."""
 
     def __init__(self, url: str, model: str, interval_s: float = 0.25,
-                 credentials: Credentials | None = None) -> None:
-        self._channel = aio_channel(url, [], credentials)
-        self._metadata = credentials.metadata if credentials is not None else None
-        self._stats = ef_grpc.EvenflowStatsStub(self._channel)
-        self._kserve = pb_grpc.GRPCInferenceServiceStub(self._channel)
+                 credentials: Credentials | None = None,
+                 protocol: Protocol | None = None) -> None:
+        self._source = stats_source(url, protocol, credentials)
         self._model = model
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
@@ -63,9 +60,8 @@ class ServerWatcher:
 
     async def _model_stats(self) -> pb.ModelStatistics | None:
         try:
-            response = await self._kserve.ModelStatistics(
-                pb.ModelStatisticsRequest(name=self._model), timeout=5, metadata=self._metadata)
-        except grpc.aio.AioRpcError:
+            response = await self._source.model_stats(self._model)
+        except StatsUnavailable:
             return None
         return response.model_stats[0] if response.model_stats else None
 
@@ -76,13 +72,12 @@ class ServerWatcher:
         try:
             await self._poll_once()
             self.view.is_evenflow = True
-        except grpc.aio.AioRpcError:
+        except StatsUnavailable:
             return
         self._task = asyncio.create_task(self._poll())
 
     async def _poll_once(self) -> None:
-        response = await self._stats.GetStats(ef.GetStatsRequest(model_name=self._model),
-                                              timeout=5, metadata=self._metadata)
+        response = await self._source.evenflow_stats(self._model)
         t_s = time.monotonic() - self.origin_s
         for model in response.models:
             self.view.policy = model.policy
@@ -94,7 +89,7 @@ class ServerWatcher:
     async def _poll(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
-            with contextlib.suppress(grpc.aio.AioRpcError):
+            with contextlib.suppress(StatsUnavailable):
                 await self._poll_once()
 
     async def stop(self) -> ServerView:
@@ -106,7 +101,7 @@ class ServerWatcher:
         after = await self._model_stats()
         if self._before is not None and after is not None:
             self.view.breakdown_ms, self.view.batch_size_counts = _difference(self._before, after)
-        await self._channel.close()
+        await self._source.close()
         return self.view
 
 

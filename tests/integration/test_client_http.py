@@ -1,7 +1,7 @@
 """evenflow's own client over HTTP against a real ``evenflow serve``: the same answers as over
 gRPC, bit for bit, for every datatype (blocking and asyncio, in one process and behind
 front-ends), the same exceptions with the same messages, stream_infer, TLS and the token, and
-``evenflow loadtest --protocol http``."""
+``evenflow loadtest --protocol http`` with the server's own view read over HTTP."""
 
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ def test_every_datatype_over_http_is_grpcs_answer_bit_for_bit(types_server) -> N
 @pytest.fixture(scope="module")
 def sim_server(server_factory):  # type: ignore[no-untyped-def]
     return server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "30",
-                          "--sim-per-sample-ms", "1", "--no-warmup")
+                          "--sim-per-sample-ms", "1", "--no-warmup", "--admin")
 
 
 def failure(client: Client, model: str, inputs: dict[str, np.ndarray],
@@ -152,10 +152,10 @@ def test_https_with_the_token(tls_server, pki: Pki) -> None:  # type: ignore[no-
             no_token.infer("mlp", {"x": X}, timeout_s=10)
 
 
-def test_loadtest_over_http_with_the_servers_view_over_grpc(sim_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_loadtest_over_http_with_the_servers_view(sim_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "http"
-    code = loadtest(["--url", f"http://{sim_server.http_url}", "--grpc-url", sim_server.url,
-                     "--model", "sim", "--concurrency", "4", "--duration-s", "1",
+    code = loadtest(["--url", f"http://{sim_server.http_url}", "--model", "sim",
+                     "--concurrency", "4", "--duration-s", "1",
                      "--warmup-s", "0.3", "--out", str(out)])
     assert code == 0
     results = json.loads((out / "results.json").read_text())
@@ -172,3 +172,21 @@ def test_loadtest_over_http_with_the_servers_view_over_grpc(sim_server, tmp_path
     assert code == 0
     (point,) = json.loads((out / "results.json").read_text())["points"]
     assert point["status_counts"].get("OK", 0) > 15
+
+
+def test_a_scenario_over_http_with_its_admin_action_over_grpc(sim_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('duration_s = 1.5\n[[step]]\nat_s = 0\nrate = 40\n[[step]]\n'
+                        'at_s = 0.5\naction = "set_device_speed"\ndevice = "sim0"\n'
+                        'speed = 0.5\n[[step]]\nat_s = 1\nburst = 10\n')
+    out = tmp_path / "scenario"
+    code = loadtest(["--url", f"http://{sim_server.http_url}", "--grpc-url", sim_server.url,
+                     "--model", "sim", "--scenario", str(scenario), "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["protocol"] == "http"
+    (point,) = results["points"]
+    events = [what for _, what in point["events"]]
+    assert "sim0: speed 1 -> 0.5" in events and "burst of 10" in events
+    assert point["status_counts"]["OK"] > 30
+    assert point["server"]["is_evenflow"]

@@ -134,7 +134,7 @@ async def test_a_closed_loop_over_http_from_the_command_line(
     assert [p["value"] for p in results["points"]] == [1, 3]
     for point in results["points"]:
         assert set(point["status_counts"]) == {"OK"} and point["status_counts"]["OK"] > 5
-        assert point["server"] == {}  # no --grpc-url: the client's view only
+        assert not point["server"]["is_evenflow"]  # the fake has no /evenflow/v1/stats
     assert "over HTTP/REST" in (out / "report.md").read_text()
     assert server.requests[-1]["inputs"][0]["shape"] == [1, 4]  # from the model's metadata
 
