@@ -741,9 +741,6 @@ def test_a_head_sent_a_byte_a_second_is_cut_at_the_head_deadline(address: tuple[
     assert_serves(address)
 
 
-@pytest.mark.xfail(strict=True, reason="http_port bug: on_message_begin zeroes the head's byte "
-                   "count after data_received has counted the read it came in, so a head that "
-                   "arrives in one read is never measured: no 431, a 408 after the deadline")
 def test_a_head_over_64_kib_gets_431(address: tuple[str, int]) -> None:
     head = b"GET /v2 HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (MAX_HEAD_BYTES + 1024)
     with connect(address, timeout_s=3.0) as sock, sock.makefile("rb") as reader:
@@ -832,9 +829,6 @@ def test_wrong_methods_get_405_with_allow(address: tuple[str, int], method: str,
 
 # --- pipelining ----------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="http_port bug: a parse error answers 400 and closes at "
-                   "once (_refuse), while the good request before it is still being answered: "
-                   "its 200 is never written")
 def test_pipelined_garbage_after_a_good_request_is_answered_after_it(
         address: tuple[str, int]) -> None:
     with connect(address) as sock, sock.makefile("rb") as reader:

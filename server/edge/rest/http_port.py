@@ -86,7 +86,8 @@ class _Protocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_bytes = self._wire_head_bytes = 0
-        self._in_head = True
+        self._in_head = True  # between a message's end (or the connection's start) and a head's
+        self._bad_request: bytes | None = None  # a parse error behind requests still answered
         super().connection_made(transport)
         self._arm_head_timer()
 
@@ -97,11 +98,12 @@ class _Protocol(HttpToolsProtocol):
             self.server_state.all_closed.set()
 
     def data_received(self, data: bytes) -> None:
+        # Bytes read since the last message ended: a head still incomplete after this many is
+        # too large (checked after parsing: the read that ends a head may carry a large body;
+        # a whole head within one read is checked in ``on_headers_complete``).
         if self._in_head:
             self._wire_head_bytes += len(data)
         super().data_received(data)
-        # A head still incomplete after this many bytes is too large (checked after parsing:
-        # the packet that ends a head may also carry a large body).
         if self._in_head and self._wire_head_bytes > self.max_head_bytes:
             self._refuse(431, b"request head too large")
 
@@ -115,10 +117,14 @@ class _Protocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_head = True
-        self._head_bytes = self._wire_head_bytes = 0
+        self._head_bytes = 0
         if self._head_timer is None:
             self._arm_head_timer()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True
+        self._wire_head_bytes = 0
 
     def on_headers_complete(self) -> None:
         self._in_head = False
@@ -137,7 +143,27 @@ class _Protocol(HttpToolsProtocol):
             self.app = app
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(400, msg.encode("ascii", "replace"))
+        """Bytes that are not HTTP: 400 and close, once the requests before them (in flight,
+        or pipelined behind) have had their answers."""
+        message = msg.encode("ascii", "replace")
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and cycle.more_body:
+            self._refuse(400, message)  # the request being read is the bad one
+            return
+        if self._answering():
+            self._bad_request = message
+            self.transport.pause_reading()  # the parser is dead: nothing more to read
+            return
+        self._refuse(400, message)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._bad_request is not None and not self._answering():
+            self._refuse(400, self._bad_request)
+
+    def _answering(self) -> bool:
+        return bool(self.pipeline) or (self.cycle is not None
+                                       and not self.cycle.response_complete)
 
     def _arm_head_timer(self) -> None:
         self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
@@ -159,10 +185,11 @@ class _Protocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         body = msgspec.json.encode({"error": message.decode("ascii", "replace")})
-        reason = _REASONS[status]
-        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])]
+        head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
+        self.transport.write(b"".join(head) + b"content-type: application/json\r\n"
                              b"content-length: %d\r\nconnection: close\r\n\r\n%s"
-                             % (status, reason, len(body), body))
+                             % (len(body), body))
         self.transport.close()
 
 
