@@ -69,7 +69,7 @@ FLAGS: dict[str, list[Flag]] = {
              "serve the KServe v2 REST API and the devices page (/) on this port beside "
              "gRPC (0: any free port, printed; off: no HTTP)", _port_or_off),
         Flag("--max-message-bytes", "server.max_message_bytes",
-             "largest gRPC message in either direction", int),
+             "largest gRPC message in either direction, and largest HTTP request body", int),
         Flag("--max-tensor-elements", "server.max_tensor_elements",
              "most elements one input tensor of a request may have", int),
     ],

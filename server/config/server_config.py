@@ -58,7 +58,8 @@ class ModelConfig:
 class ServerConfig:
     """Attributes:
     host, port: where to listen (port 0 picks a free port; the bound one is printed).
-    max_message_bytes: largest gRPC message received or sent.
+    max_message_bytes: largest gRPC message received or sent, and largest HTTP request body
+        (before and after decompression).
     max_tensor_elements: most elements one input tensor of a request may have.
     models: the models the server knows (``(name, source)`` pairs are accepted and become
         ModelConfig with the server's balancer and pipeline settings).
