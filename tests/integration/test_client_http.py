@@ -98,8 +98,12 @@ def test_every_datatype_over_http_is_grpcs_answer_bit_for_bit(types_server) -> N
 
 @pytest.fixture(scope="module")
 def sim_server(server_factory):  # type: ignore[no-untyped-def]
-    return server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "30",
-                          "--sim-per-sample-ms", "1", "--no-warmup", "--admin")
+    # Slow batches (100 ms) that grow with the load: a 50 ms deadline is refused at
+    # arrival, with time to say so.
+    return server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "100",
+                          "--sim-per-sample-ms", "1", "--latency-target-ms", "1000",
+                          "--max-queue-delay-ms", "inf",
+                          "--no-warmup", "--admin")
 
 
 def failure(client: Client, model: str, inputs: dict[str, np.ndarray],
@@ -120,9 +124,9 @@ def test_failures_are_the_same_exceptions_with_the_same_words(sim_server) -> Non
                 failure(http_client, model, inputs)
             assert type(over_grpc) is type(over_http) is kind
             assert over_http.details == over_grpc.details
-        # 30 ms of work cannot meet a 2 ms deadline: refused at arrival, HTTP's 503 included
-        over_grpc = failure(grpc_client, "sim", {"x": X}, timeout_s=0.002)
-        over_http = failure(http_client, "sim", {"x": X}, timeout_s=0.002)
+        # 100 ms of work cannot meet a 50 ms deadline: refused at arrival (HTTP: a 503)
+        over_grpc = failure(grpc_client, "sim", {"x": X}, timeout_s=0.05)
+        over_http = failure(http_client, "sim", {"x": X}, timeout_s=0.05)
         assert type(over_grpc) is type(over_http) is ServerOverloadedError
         assert over_http.http_status == 503
 
@@ -161,7 +165,7 @@ def test_loadtest_over_http_with_the_servers_view(sim_server, tmp_path: Path) ->
     results = json.loads((out / "results.json").read_text())
     assert results["protocol"] == "http"
     (point,) = results["points"]
-    assert set(point["status_counts"]) == {"OK"} and point["status_counts"]["OK"] > 20
+    assert set(point["status_counts"]) == {"OK"} and point["status_counts"]["OK"] > 10
     assert point["server"]["is_evenflow"]
     assert {s["device"] for s in point["server"]["samples"]} == {"sim0"}
     assert sum(point["server"]["batch_size_counts"].values()) > 0
