@@ -290,9 +290,14 @@ def main(argv: list[str] | None = None) -> int:
         from evenflow.server.engine.demo import run_demo
 
         return int(event_loop.run(run_demo(config, num_requests=args.requests)))
+    from evenflow.server.edge.port_errors import PortUnavailable
     from evenflow.server.engine.app import serve
 
-    event_loop.run(serve(config))
+    try:
+        event_loop.run(serve(config))
+    except PortUnavailable as exc:
+        print(f"evenflow serve: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -27,6 +27,7 @@ from grpc_health.v1 import health, health_pb2
 
 from evenflow.proto import grpc_service_pb2
 from evenflow.server.edge.closing import close_port
+from evenflow.server.edge.port_errors import PortUnavailable
 from evenflow.server.edge.registration import (
     Forward,
     Register,
@@ -89,7 +90,8 @@ def build_server(settings: PortSettings, *, edge: EdgeServicer,
     """A grpc.aio server serving ``edge``'s inference service, each ``(register, servicer)``
     in ``services``, health and reflection, bound to ``settings``' port; returns it (not yet
     started) and the bound port. With ``forward``, every method but those the edge answers
-    itself is served by ``forward(method path)``. Raises OSError when the port is taken."""
+    itself is served by ``forward(method path)``. Raises PortUnavailable when the port is
+    taken."""
     options = [("grpc.max_receive_message_length", settings.max_message_bytes),
                ("grpc.max_send_message_length", settings.max_message_bytes),
                ("grpc.so_reuseport", int(settings.shared))]
@@ -101,10 +103,13 @@ def build_server(settings: PortSettings, *, edge: EdgeServicer,
                  for register, servicer in services)
     add_support_services(server, health_servicer, [*names, HEALTH_SERVICE])
     tls = settings.tls
-    port = (server.add_secure_port(settings.address, tls.server_credentials()) if tls
-            else server.add_insecure_port(settings.address))
+    try:
+        port = (server.add_secure_port(settings.address, tls.server_credentials()) if tls
+                else server.add_insecure_port(settings.address))
+    except RuntimeError as exc:  # grpcio's "Failed to bind": the port is taken
+        raise PortUnavailable("gRPC", settings.address, "--port", "in use") from exc
     if port == 0 or (settings.shared and port != settings.port):
-        raise OSError(f"could not bind {settings.address}")
+        raise PortUnavailable("gRPC", settings.address, "--port", "in use")
     return server, port
 
 

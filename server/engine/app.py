@@ -125,7 +125,7 @@ class App:
                                      name="metrics")
             self.metrics_port = await self._metrics.start(HttpSettings(
                 config.host, config.metrics_port, tls=tls, max_head_bytes=METRICS_HEAD_BYTES,
-                max_connections=METRICS_CONNECTIONS))
+                max_connections=METRICS_CONNECTIONS, flag="--metrics-port"))
         self._frontend.ready = True
         await self._port.set_health(serving=True)
         return self.port

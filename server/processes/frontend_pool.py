@@ -28,6 +28,7 @@ import zmq
 
 from evenflow.balancer import EvenflowError, InvalidRequest, ModelNotFound, ShuttingDown
 from evenflow.balancer.backoff import Backoff
+from evenflow.server.edge.port_errors import PortUnavailable
 from evenflow.server.edge.status import internal_error
 from evenflow.server.engine.proxied_calls import ProxiedCalls
 from evenflow.server.engine.served import ModelTable, ServedModel
@@ -60,14 +61,19 @@ class _Frontend:
     in_flight: dict[int, asyncio.Future[Any]] = field(default_factory=dict)
 
 
-def reserve_port(host: str, port: int) -> socket.socket:
+def reserve_port(host: str, port: int, what: str = "gRPC",
+                 flag: str = "--port") -> socket.socket:
     """A socket bound to (host, port) with SO_REUSEPORT and not listening: it holds the port
     (the one chosen, when ``port`` is 0) for the front-ends, which bind it too, and takes no
-    connections itself."""
+    connections itself. PortUnavailable when the port is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     holder = socket.socket(family, socket.SOCK_STREAM)
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    holder.bind((host, port))
+    try:
+        holder.bind((host, port))
+    except OSError as exc:
+        holder.close()
+        raise PortUnavailable(what, f"{host}:{port}", flag, exc.strerror or str(exc)) from exc
     return holder
 
 
@@ -107,7 +113,8 @@ class FrontendPool:
         self._port_holder = reserve_port(self._host, self._requested_port)
         self.port = self._port_holder.getsockname()[1]
         if self._requested_http_port is not None:
-            self._http_port_holder = reserve_port(self._host, self._requested_http_port)
+            self._http_port_holder = reserve_port(self._host, self._requested_http_port,
+                                                  "HTTP", "--http-port")
             self.http_port = self._http_port_holder.getsockname()[1]
         self.bind()
         await asyncio.gather(*(self._launch(fe) for fe in self._frontends))

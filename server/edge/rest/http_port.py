@@ -32,6 +32,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
+from evenflow.server.edge.port_errors import PortUnavailable
 from evenflow.server.edge.security import TlsFiles
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ class HttpSettings:
     max_connections: open connections (or requests in flight) beyond which a request hears
         503 and its connection is closed.
     keep_alive_s: how long an idle keep-alive connection stays open.
+    flag: the option that chooses this port, for the error when it is taken.
     """
 
     host: str
@@ -65,6 +67,7 @@ class HttpSettings:
     max_head_bytes: int = MAX_HEAD_BYTES
     max_connections: int = MAX_CONNECTIONS
     keep_alive_s: int = KEEP_ALIVE_S
+    flag: str = "--http-port"
 
 
 class _State(ServerState):
@@ -218,7 +221,7 @@ class HttpPort:
         self.port = 0
 
     async def start(self, settings: HttpSettings) -> int:
-        """Listen; returns the bound port. Raises OSError when the port is taken."""
+        """Listen; returns the bound port. Raises PortUnavailable when the port is taken."""
         config = uvicorn.Config(self._app, http=_Protocol, ws="none", lifespan="off",
                                 interface="asgi3", log_config=None, access_log=False,
                                 proxy_headers=False, server_header=False, date_header=False,
@@ -299,10 +302,12 @@ def _listening_socket(settings: HttpSettings) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if settings.shared:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((settings.host, settings.port))
+        try:
+            sock.bind((settings.host, settings.port))
+        except OSError as exc:
+            raise PortUnavailable("HTTP", f"{settings.host}:{settings.port}", settings.flag,
+                                  exc.strerror or str(exc)) from exc
         sock.setblocking(False)
-        if settings.shared and sock.getsockname()[1] != settings.port:
-            raise OSError(f"could not bind {settings.host}:{settings.port}")
     except BaseException:
         sock.close()
         raise
