@@ -194,3 +194,15 @@ def test_a_scenario_over_http_with_its_admin_action_over_grpc(sim_server, tmp_pa
     assert "sim0: speed 1 -> 0.5" in events and "burst of 10" in events
     assert point["status_counts"]["OK"] > 30
     assert point["server"]["is_evenflow"]
+
+
+def test_the_slo_search_over_http(sim_server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "slo"
+    code = loadtest(["--url", f"http://{sim_server.http_url}", "--model", "sim", "--slo-ms",
+                     "600", "--start-rate", "50", "--duration-s", "0.5", "--warmup-s", "0.1",
+                     "--tolerance", "0.5", "--repeats", "1", "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["protocol"] == "http"
+    assert results["slo_search"]["goodput_per_s"] >= 50.0
+    assert len(results["points"]) == len(results["slo_search"]["probes"])
