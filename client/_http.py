@@ -71,7 +71,7 @@ class HttpTransport:
         if len(data) > self._max_bytes:
             raise too_large(len(data), self._max_bytes)
         return Answer(response.status, data, response.headers.get(rest.HEADER_LENGTH),
-                      response.reason or "")
+                      response.reason or "", response.headers.get(rest.STATUS_HEADER))
 
     def prepare(self, model: str, inputs: Inputs, outputs: Sequence[str] | None,
                 request_id: str | None, priority: int | None,

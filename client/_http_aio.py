@@ -61,7 +61,7 @@ class AsyncHttpTransport:
                     raise too_large(size, self._max_bytes)
                 data = await response.read()
                 return Answer(response.status, data, response.headers.get(rest.HEADER_LENGTH),
-                              response.reason or "")
+                              response.reason or "", response.headers.get(rest.STATUS_HEADER))
         except TimeoutError as exc:
             raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"no answer from {self._base_url} within {timeout_s} s") from exc

@@ -20,10 +20,11 @@ class Answer:
     body: bytes
     header_length: str | None  # Inference-Header-Content-Length, when binary data follows
     reason: str
+    status_name: str | None = None  # evenflow-status: the gRPC status an error stands for
 
     def body_or_raise(self) -> bytes:
         if self.status != 200:
-            raise rest.error_of(self.status, self.body, self.reason)
+            raise rest.error_of(self.status, self.body, self.reason, self.status_name)
         return self.body
 
     def outputs(self) -> dict[str, np.ndarray]:
@@ -34,7 +35,7 @@ def health(answer: Answer) -> bool:
     """KServe v2's health and readiness answer in the status: 200 is yes, anything else no
     (4xx, or 503 from a server that is draining), except a refused token, which raises."""
     if answer.status in _REFUSED:
-        raise rest.error_of(answer.status, answer.body, answer.reason)
+        raise rest.error_of(answer.status, answer.body, answer.reason, answer.status_name)
     return answer.status == 200
 
 

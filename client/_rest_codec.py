@@ -16,14 +16,21 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import grpc
 import msgspec
 import numpy as np
 
 from evenflow.client._tensors import WireTensor, from_wire, numpy_dtype, to_wire
 from evenflow.client._types import Inputs, ModelMetadata, TensorInfo
-from evenflow.client.errors import InferenceServerError, from_http_error, malformed_response
+from evenflow.client.errors import (
+    InferenceServerError,
+    error_for,
+    from_http_error,
+    malformed_response,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+STATUS_HEADER = "evenflow-status"  # the gRPC status name an error answer stands for
 LIVE_PATH = "/v2/health/live"
 READY_PATH = "/v2/health/ready"
 
@@ -180,11 +187,17 @@ def parse_metadata(body: bytes) -> ModelMetadata:
                          infos(metadata.inputs), infos(metadata.outputs))
 
 
-def error_of(status: int, body: bytes, reason: str = "") -> InferenceServerError:
+def error_of(status: int, body: bytes, reason: str = "",
+             status_name: str | None = None) -> InferenceServerError:
     """An HTTP error answer as the exception the gRPC path raises for the same failure: the
-    message from the JSON ``{"error": "..."}`` body, else the body's text or the reason."""
+    message from the JSON ``{"error": "..."}`` body, else the body's text or the reason. An
+    evenflow server names the gRPC status in ``evenflow-status`` (``status_name``); from
+    another server the status is told from the HTTP status and the message."""
     try:
         message = msgspec.json.decode(body, type=_Error).error
     except msgspec.DecodeError:
         message = body.decode(errors="replace").strip() or reason or f"HTTP {status}"
+    code = grpc.StatusCode.__members__.get(status_name) if status_name else None
+    if code is not None:
+        return error_for(code, message, status)
     return from_http_error(status, message)

@@ -49,7 +49,8 @@ class HttpTarget:
                 body = await response.read()
                 if response.status == 200:
                     return OK
-                return rest.error_of(response.status, body, response.reason or "").code.name
+                return rest.error_of(response.status, body, response.reason or "",
+                                     response.headers.get(rest.STATUS_HEADER)).code.name
         except TimeoutError:
             return "DEADLINE_EXCEEDED"
         except aiohttp.ClientError:

@@ -441,3 +441,14 @@ async def test_stream_errors_are_answers_and_the_deadline_ends_it(
                 list(client.stream_infer("hang", [{"x": X}], timeout_s=0.2))
 
     await asyncio.to_thread(blocking)
+
+
+def test_evenflow_status_header_decides_what_a_503_means() -> None:
+    from evenflow.client import ServerOverloadedError, ServerUnavailableError
+    from evenflow.client._rest_codec import error_of
+
+    body = b'{"error": "words that name neither case"}'
+    assert isinstance(error_of(503, body, "", "RESOURCE_EXHAUSTED"), ServerOverloadedError)
+    assert isinstance(error_of(503, body, "", "UNAVAILABLE"), ServerUnavailableError)
+    assert isinstance(error_of(503, body), ServerUnavailableError)  # another server: words
+    assert error_of(503, body, "", "NOT_A_STATUS").http_status == 503

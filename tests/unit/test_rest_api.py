@@ -266,3 +266,16 @@ def test_statistics_json_has_numbers_defaults_and_names() -> None:
     assert to_json(replica)["batch_size_counts"] == {"8": 3}
     parameter = to_json(pb.InferParameter(bool_param=False))
     assert parameter == {"bool_param": False}  # the oneof member set, and only it
+
+
+async def test_every_error_names_the_grpc_status_it_stands_for() -> None:
+    h = harness()
+    bad = await h.request("POST", "/v2/models/m/infer", b"{not json")
+    assert bad.headers[b"evenflow-status"] == b"INVALID_ARGUMENT"
+    h.edge.servicer.drain()
+    draining = await h.request("POST", "/v2/models/m/infer", infer_body())
+    assert draining.status == 503 and draining.headers[b"evenflow-status"] == b"UNAVAILABLE"
+    h.control.answers["/inference.GRPCInferenceService/ModelConfig"] = (
+        grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], "busy", b"")
+    busy = await h.request("GET", "/v2/models/m/config")
+    assert busy.status == 503 and busy.headers[b"evenflow-status"] == b"RESOURCE_EXHAUSTED"

@@ -39,11 +39,12 @@ from evenflow.server.edge.rest.replies import (
     error_reply,
     json_reply,
     send_reply,
+    status_header,
 )
 from evenflow.server.edge.rest.statuses import http_status, http_status_of
 from evenflow.server.edge.security import group_of, token_matches
 from evenflow.server.edge.servicer import EdgeServicer, InferTarget, submit_arrays
-from evenflow.server.edge.status import internal_error, status_from_value
+from evenflow.server.edge.status import internal_error, status_from_value, status_of
 from evenflow.server.observability import cpu_accounting
 
 logger = logging.getLogger(__name__)
@@ -230,7 +231,8 @@ class RestApi:
         except Exception as exc:  # a server bug: 500, logged, and the server keeps serving
             error = internal_error(exc, f"request {request_id!r} to model {route.model!r}")
         edge.count_failure(route.model, request_id, error)
-        return error_reply(http_status_of(error), str(error))
+        return error_reply(http_status_of(error), str(error),
+                           [status_header(status_of(error).name)])
 
     async def _run(self, route: Route, request: tensors.RestRequest, model: InferTarget
                    ) -> Reply:
@@ -315,9 +317,11 @@ class RestApi:
             code, details, data = await self._control.call(
                 _METHOD_OF[kind], request.SerializeToString(), math.inf)
         except EvenflowError as exc:  # a front-end's engine is gone
-            raise HttpError(http_status_of(exc), str(exc)) from exc
+            raise HttpError(http_status_of(exc), str(exc),
+                            [status_header(status_of(exc).name)]) from exc
         if code != _OK:
-            raise HttpError(http_status(status_from_value(code)), details)
+            status = status_from_value(code)
+            raise HttpError(http_status(status), details, [status_header(status.name)])
         return response.FromString(data)
 
 

@@ -53,6 +53,16 @@ def error_reply(status: int, message: str, headers: Headers | None = None) -> Re
                  headers=tuple(headers or ()))
 
 
+STATUS_HEADER = b"evenflow-status"
+
+
+def status_header(code_name: str) -> tuple[bytes, bytes]:
+    """The gRPC status name the error stands for, beside Triton's HTTP status: a client tells
+    a refusal by admission (RESOURCE_EXHAUSTED) from a server that is going away (UNAVAILABLE),
+    both 503, without reading the message."""
+    return STATUS_HEADER, code_name.encode()
+
+
 async def send_reply(send: Send, reply: Reply, request_headers: Mapping[bytes, bytes], *,
                      head_only: bool = False) -> None:
     """Write ``reply``; a 200's body is compressed as the request's Accept-Encoding allows."""
