@@ -51,3 +51,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", params=["single", "frontends"])
+def types_server(request: pytest.FixtureRequest,
+                 server_factory: Callable[..., ServerProcess]) -> ServerProcess:
+    """A server of ``tests.fixture_models:every_type`` (an input and an output of each
+    datatype), in one process and behind front-ends: what each protocol must carry bit for
+    bit."""
+    with serving_in(request.param):
+        return server_factory("--model", "types=tests.fixture_models:every_type",
+                              "--devices", "cpu", "--max-wait-ms", "0",
+                              "--max-queue-delay-ms", "inf", "--no-warmup")

@@ -26,7 +26,6 @@ from evenflow.client import (
 from evenflow.loadtest.cli import main as loadtest
 from tests.certs import Pki, make_pki
 from tests.fixture_models import EVERY_TYPE
-from tests.servers import serving_in
 
 # slow: `evenflow serve` processes and a load run.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -60,14 +59,6 @@ def same(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]) -> None:
             assert array.tolist() == theirs[name].tolist(), name
         else:
             assert array.tobytes() == theirs[name].tobytes(), f"{name}: not bit for bit"
-
-
-@pytest.fixture(scope="module", params=["single", "frontends"])
-def types_server(request, server_factory):  # type: ignore[no-untyped-def]
-    with serving_in(request.param):
-        return server_factory("--model", "types=tests.fixture_models:every_type",
-                              "--devices", "cpu", "--max-wait-ms", "0",
-                              "--max-queue-delay-ms", "inf", "--no-warmup")
 
 
 def test_every_datatype_over_http_is_grpcs_answer_bit_for_bit(types_server) -> None:  # type: ignore[no-untyped-def]

@@ -19,14 +19,6 @@ from tests.servers import TESTS_DIR, perf_analyzer_command, serving_in
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-@pytest.fixture(scope="module", params=["single", "frontends"])
-def types_server(request, server_factory):  # type: ignore[no-untyped-def]
-    with serving_in(request.param):
-        return server_factory("--model", "types=tests.fixture_models:every_type",
-                              "--devices", "cpu", "--max-wait-ms", "0",
-                              "--max-queue-delay-ms", "inf", "--no-warmup")
-
-
 def test_tritonclient_http_matches_grpc_bit_for_bit_for_every_datatype(types_server) -> None:
     """Sync, gevent ``async_infer`` and ``tritonclient.http.aio``; JSON and binary inputs and
     outputs, mixed in one request; gzip and deflate both ways (see the probe)."""
