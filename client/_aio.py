@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from evenflow.client._endpoint import Protocol, resolve
+from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import AsyncGrpcTransport
 from evenflow.client._http_aio import AsyncHttpTransport
 from evenflow.client._retry import Retries
@@ -41,14 +41,11 @@ class AsyncClient:
                  options: ChannelOptions | None = None, retries: int = 2,
                  retry_backoff_s: float = 0.05,
                  credentials: Credentials | None = None) -> None:
-        endpoint = resolve(url, protocol, credentials)
-        options = options or ChannelOptions()
-        self.protocol: Protocol = endpoint.protocol
+        self.protocol: Protocol
+        self._transport: AsyncTransport[Any]
+        self.protocol, self._transport = open_transport(
+            url, protocol, credentials, options, AsyncHttpTransport, AsyncGrpcTransport)
         self._retries = Retries(retries, retry_backoff_s)
-        self._transport: AsyncTransport[Any] = (
-            AsyncHttpTransport(endpoint.address, options, endpoint.credentials)
-            if endpoint.protocol == "http"
-            else AsyncGrpcTransport(endpoint.address, options, endpoint.credentials))
 
     async def __aenter__(self) -> AsyncClient:
         return self

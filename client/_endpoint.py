@@ -4,11 +4,15 @@ TLS)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, TypeVar
 from urllib.parse import urlsplit
 
+from evenflow.client._types import ChannelOptions
 from evenflow.client.credentials import Credentials
+
+T = TypeVar("T")
 
 Protocol = Literal["grpc", "http"]
 PROTOCOLS: tuple[Protocol, ...] = ("grpc", "http")
@@ -47,3 +51,15 @@ def resolve(url: str, protocol: Protocol | None,
         return Endpoint("http", f"{'https' if secure else 'http'}://{url}", credentials)
     return Endpoint("grpc", url, credentials)
 
+
+
+def open_transport(url: str, protocol: Protocol | None, credentials: Credentials | None,
+                   options: ChannelOptions | None,
+                   http: Callable[[str, ChannelOptions, Credentials | None], T],
+                   grpc: Callable[[str, ChannelOptions, Credentials | None], T]
+                   ) -> tuple[Protocol, T]:
+    """The protocol ``url`` means and its transport, built by ``http`` or ``grpc``."""
+    endpoint = resolve(url, protocol, credentials)
+    build = http if endpoint.protocol == "http" else grpc
+    return endpoint.protocol, build(endpoint.address, options or ChannelOptions(),
+                                    endpoint.credentials)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from evenflow.client._endpoint import Protocol, resolve
+from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import GrpcTransport
 from evenflow.client._http import HttpTransport
 from evenflow.client._retry import Retries
@@ -33,14 +33,11 @@ class Client:
                  options: ChannelOptions | None = None, retries: int = 2,
                  retry_backoff_s: float = 0.05,
                  credentials: Credentials | None = None) -> None:
-        endpoint = resolve(url, protocol, credentials)
-        options = options or ChannelOptions()
-        self.protocol: Protocol = endpoint.protocol
+        self.protocol: Protocol
+        self._transport: Transport[Any]
+        self.protocol, self._transport = open_transport(
+            url, protocol, credentials, options, HttpTransport, GrpcTransport)
         self._retries = Retries(retries, retry_backoff_s)
-        self._transport: Transport[Any] = (
-            HttpTransport(endpoint.address, options, endpoint.credentials)
-            if endpoint.protocol == "http"
-            else GrpcTransport(endpoint.address, options, endpoint.credentials))
 
     def __enter__(self) -> Client:
         return self

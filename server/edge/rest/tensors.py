@@ -21,18 +21,8 @@ import numpy as np
 
 from evenflow.balancer.errors import InvalidRequest
 from evenflow.server.edge import codec
+from evenflow.server.edge import tensor_checks as checks
 from evenflow.server.edge.datatypes import WIRE_TYPES, WireType
-from evenflow.server.edge.tensor_checks import (
-    both_kinds_of_data,
-    checked_count,
-    decode_raw,
-    encode_bytes,
-    inputs_in_spec_order,
-    no_data,
-    output_indices,
-    unsupported_tensor_parameters,
-    wrong_datatype,
-)
 from evenflow.server.models.spec import TensorSpec
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -196,7 +186,7 @@ def decode_inputs(request: RestRequest, specs: Sequence[TensorSpec],
     if len(specs) == 1 and len(inputs) == 1 and inputs[0].name == specs[0].name:
         array = _decode_input(inputs[0], specs[0], max_elements)
         return [array], array.shape[0]
-    return inputs_in_spec_order(
+    return checks.inputs_in_spec_order(
         [tensor.name for tensor in inputs], specs,
         lambda position, spec: _decode_input(inputs[position], spec, max_elements))
 
@@ -204,18 +194,18 @@ def decode_inputs(request: RestRequest, specs: Sequence[TensorSpec],
 def _decode_input(tensor: RestInput, spec: TensorSpec, max_elements: int) -> np.ndarray:
     name = spec.name
     if tensor.datatype != spec.datatype:
-        raise wrong_datatype(name, tensor.datatype, spec.datatype)
+        raise checks.wrong_datatype(name, tensor.datatype, spec.datatype)
     if tensor.unsupported:
-        raise unsupported_tensor_parameters(name, tensor.unsupported)
+        raise checks.unsupported_tensor_parameters(name, tensor.unsupported)
     wire = WIRE_TYPES[spec.datatype]
     shape = tensor.shape
-    count = checked_count(name, shape, spec.shape, max_elements)
+    count = checks.checked_count(name, shape, spec.shape, max_elements)
     if tensor.binary is not None:
         if tensor.data is not None:
-            raise both_kinds_of_data(name, "binary data (binary_data_size)", "JSON data")
-        return decode_raw(name, wire, shape, count, tensor.binary)
+            raise checks.both_kinds_of_data(name, "binary data (binary_data_size)", "JSON data")
+        return checks.decode_raw(name, wire, shape, count, tensor.binary)
     if tensor.data is None:
-        raise no_data(name)
+        raise checks.no_data(name)
     return _decode_json(name, wire, shape, count, tensor.data)
 
 
@@ -297,7 +287,7 @@ def requested_outputs(request: RestRequest, specs: Sequence[TensorSpec]) -> list
     """Indices into ``specs`` of the outputs to return (all when none are named)."""
     if not request.outputs:
         return list(range(len(specs)))
-    return output_indices(((output.name, output.unsupported) for output in request.outputs),
+    return checks.output_indices(((output.name, output.unsupported) for output in request.outputs),
                           specs)
 
 
@@ -317,7 +307,7 @@ def encode_response(request: RestRequest, model_name: str, model_version: str,
         entry: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype,
                                  "shape": list(array.shape)}
         if binary_by_name.get(spec.name, request.binary_output):
-            data = encode_bytes(array) if spec.datatype == "BYTES" else _raw_view(array)
+            data = checks.encode_bytes(array) if spec.datatype == "BYTES" else _raw_view(array)
             entry["parameters"] = {"binary_data_size": len(data)}
             buffers.append(data)
         else:
