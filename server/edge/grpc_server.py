@@ -108,8 +108,11 @@ def build_server(settings: PortSettings, *, edge: EdgeServicer,
                 else server.add_insecure_port(settings.address))
     except RuntimeError as exc:  # grpcio's "Failed to bind": the port is taken
         raise PortUnavailable("gRPC", settings.address, "--port", "in use") from exc
-    if port == 0 or (settings.shared and port != settings.port):
+    if port == 0:
         raise PortUnavailable("gRPC", settings.address, "--port", "in use")
+    if settings.shared and port != settings.port:  # the port the engine reserved, exactly
+        raise PortUnavailable("gRPC", settings.address, "--port",
+                              f"shared, but bound as {port}, not as reserved")
     return server, port
 
 
