@@ -44,6 +44,7 @@ from benchmarks.echo_server import EchoServicer, build_server
 from benchmarks.harness import (
     REPO,
     PerfPoint,
+    Protocol,
     Server,
     median,
     perf_analyzer,
@@ -335,9 +336,10 @@ def _check_shared_loop(name: str, server: Server) -> None:
 
 
 def measure(server: Server, concurrency: int, out: Path, window_ms: int,
-            extra: tuple[str, ...]) -> Sample:
+            extra: tuple[str, ...], protocol: Protocol) -> Sample:
     cpu_before_s, wall_before_s = server.cpu_s(), time.monotonic()
-    point = perf_analyzer(server.url, MODEL, concurrency, out, window_ms=window_ms, extra=extra)
+    point = perf_analyzer(server.url, MODEL, concurrency, out, window_ms=window_ms, extra=extra,
+                          protocol=protocol)
     cpu_s, wall_s = server.cpu_s() - cpu_before_s, time.monotonic() - wall_before_s
     # perf_analyzer keeps the load on from its first window to its last: requests ~ rate x wall.
     return Sample(point, cpu_s / max(point.infer_per_s * wall_s, 1.0) * 1e6)
@@ -402,7 +404,8 @@ def run_benchmark(args: argparse.Namespace) -> None:
         def point(label: str, server: Server, concurrency: int, extra: tuple[str, ...]) -> None:
             loads.append(_loadavg())
             try:
-                sample = measure(server, concurrency, args.out, args.window_ms, extra)
+                sample = measure(server, concurrency, args.out, args.window_ms, extra,
+                                 "grpc" if label == ECHO else "http")
             except RuntimeError:  # no window stable enough for a figure: the machine is shared
                 failed.append(f"{label} c={concurrency}")
                 print(f"  {label:18s} c={concurrency:<3d} no stable measurement "
@@ -417,12 +420,12 @@ def run_benchmark(args: argparse.Namespace) -> None:
             print(f"repeat {repeat}", flush=True)
             for concurrency in concurrencies:
                 for name in names:  # A B C A B C: drift hits every candidate alike
-                    point(name, servers[name], concurrency, ("-i", "http"))
+                    point(name, servers[name], concurrency, ())
                 if concurrency == top and args.echo:
                     point(ECHO, servers[ECHO], concurrency, ())
         for name in names:
             point(name + JSON_INPUT, servers[name], top,
-                  ("-i", "http", "--input-tensor-format", "json"))
+                  ("--input-tensor-format", "json"))
     finally:
         for server in servers.values():
             server.stop()
