@@ -147,8 +147,8 @@ FLAGS: dict[str, list[Flag]] = {
         Flag("--allow-any-model-source", "security.allow_any_model_source",
              "model control may load sources the configuration does not name (loading a "
              "source runs its code)", const=True),
-        Flag("--tls-cert", "security.tls_cert", "serve gRPC and metrics over TLS: certificate "
-             "(PEM)"),
+        Flag("--tls-cert", "security.tls_cert",
+             "serve gRPC, HTTP and metrics over TLS: certificate (PEM)"),
         Flag("--tls-key", "security.tls_key", "the certificate's private key (PEM)"),
         Flag("--tls-client-ca", "security.tls_client_ca",
              "mutual TLS: accept only clients with a certificate signed by this CA (PEM)"),

@@ -42,7 +42,7 @@ def hops(heading: str) -> list[str]:
     return NAME.findall(body[sub:end if end >= 0 else None])
 
 
-@pytest.mark.parametrize("shape", ["In one process", "With --frontends N"])
+@pytest.mark.parametrize("shape", ["In one process", "With --frontends N", "Over HTTP"])
 def test_every_hop_names_code_that_exists(shape: str) -> None:
     names = hops(shape)
     assert len(names) >= 8, f"{shape}: too few hops named"
