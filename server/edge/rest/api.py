@@ -26,6 +26,7 @@ from evenflow.balancer import EvenflowError, InvalidRequest
 from evenflow.proto import evenflow_pb2
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.edge import shapes
+from evenflow.server.edge.model_names import MODEL_VERSION
 from evenflow.server.edge.rest import compression, tensors
 from evenflow.server.edge.rest.proto_json import to_json
 from evenflow.server.edge.rest.replies import (
@@ -250,7 +251,8 @@ class RestApi:
         if lengths:
             outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
         encoding_s = clock()
-        parts, header_length = tensors.encode_response(request, route.model, "1", specs.outputs,
+        parts, header_length = tensors.encode_response(request, route.model, MODEL_VERSION,
+                                                       specs.outputs,
                                                        chosen, outputs)
         extra: tuple[tuple[bytes, bytes], ...] = ()
         if header_length is not None:
