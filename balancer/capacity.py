@@ -32,20 +32,28 @@ class DeviceCost:
         return (self.base_s + self.per_sample_s * batch_size) / self.speed
 
 
-def largest_batch_within(cost: DeviceCost, slo_s: float, max_batch: int) -> int:
-    """The largest batch ``b <= max_batch`` with ``2 t(b) <= slo_s``; 0 when none is."""
+def largest_batch_within(cost: DeviceCost, slo_s: float, max_batch: int,
+                         models_sharing: int = 1) -> int:
+    """The largest batch ``b <= max_batch`` with ``(models_sharing + 1) t(b) <= slo_s``; 0 when
+    none is. A device shared by ``n`` busy models runs their batches in turn, so a request may
+    wait for its own model's running batch and one batch of each other model before its own:
+    ``n + 1`` batches, taken as equally long (``2 t(b)`` for a device of its own)."""
+    batches = models_sharing + 1.0
     if cost.per_sample_s <= 0.0:
-        return max_batch if 2.0 * cost.batch_s(1) <= slo_s else 0
-    size = math.floor((slo_s / 2.0 * cost.speed - cost.base_s) / cost.per_sample_s + 1e-9)
+        return max_batch if batches * cost.batch_s(1) <= slo_s else 0
+    size = math.floor((slo_s / batches * cost.speed - cost.base_s) / cost.per_sample_s + 1e-9)
     return max(0, min(max_batch, size))
+
+
+def rate_within_per_s(cost: DeviceCost, slo_s: float, max_batch: int,
+                      models_sharing: int = 1) -> float:
+    """Samples per second the device serves a model at its largest batch within ``slo_s``,
+    given all its time (a share of it serves that share of this rate)."""
+    size = largest_batch_within(cost, slo_s, max_batch, models_sharing)
+    return size / cost.batch_s(size) if size else 0.0
 
 
 def slo_limit_per_s(costs: Sequence[DeviceCost], slo_s: float, max_batch: int) -> float:
     """The reference goodput in samples per second: the sum over devices of ``b / t(b)`` at
     each device's largest batch within the SLO."""
-    total = 0.0
-    for cost in costs:
-        size = largest_batch_within(cost, slo_s, max_batch)
-        if size:
-            total += size / cost.batch_s(size)
-    return total
+    return sum(rate_within_per_s(cost, slo_s, max_batch) for cost in costs)

@@ -1,0 +1,218 @@
+"""The placement planner: the LP, the capacity arithmetic of a placement, the greedy search
+and the enumeration it is measured against, the demand meter, the tuner's hysteresis and the
+move budget. Pure functions and plain objects: no loop, no clock but the numbers given."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import pytest
+
+from evenflow.balancer.capacity import DeviceCost, largest_batch_within, rate_within_per_s
+from evenflow.balancer.placement.assessment import assess
+from evenflow.balancer.placement.costs import CostBook
+from evenflow.balancer.placement.demand import DemandMeter
+from evenflow.balancer.placement.inventory import (
+    DeviceInfo,
+    ModelProfile,
+    Placement,
+    devices_of,
+    fits,
+)
+from evenflow.balancer.placement.planner import (
+    best_placement,
+    floor_replicas,
+    propose,
+)
+from evenflow.balancer.placement.simplex import maximize
+from evenflow.balancer.placement.tuner import MoveBudget, Tuner, TunerSettings
+
+GIB = 2**30
+SPEEDS = {"d0": 1.0, "d1": 1.0, "d2": 0.5, "d3": 0.25}
+DEVICES = [DeviceInfo(name, (16 if speed >= 1 else 8) * GIB) for name, speed in SPEEDS.items()]
+
+
+def profile(name: str, memory_gib: float, base_s: float = 0.01, per_sample_s: float = 0.002,
+            **kwargs: object) -> ModelProfile:
+    return ModelProfile(name, int(memory_gib * GIB),
+                        {d: DeviceCost(base_s, per_sample_s, s) for d, s in SPEEDS.items()},
+                        64, 0.05, **kwargs)  # type: ignore[arg-type]
+
+
+PROFILES = {p.name: p for p in (profile("big", 9), profile("mid", 6, 0.006, 0.0012),
+                                profile("small", 4, 0.004, 0.0008))}
+
+
+def test_simplex_finds_the_optimum_of_a_textbook_program() -> None:
+    value, x = maximize([3, 5], [[1, 0], [0, 2], [3, 2]], [4, 12, 18])
+    assert value == pytest.approx(36.0)
+    assert x == pytest.approx([2.0, 6.0])
+
+
+def test_simplex_refuses_an_infeasible_origin_and_an_unbounded_program() -> None:
+    with pytest.raises(ValueError, match="b >= 0"):
+        maximize([1], [[1]], [-1])
+    with pytest.raises(ValueError, match="unbounded"):
+        maximize([1, 1], [[1, -1]], [1])
+
+
+def test_simplex_matches_brute_force_on_random_small_programs() -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        a = [[rng.uniform(0.1, 2.0) for _ in range(2)] for _ in range(3)]
+        b = [rng.uniform(0.5, 3.0) for _ in range(3)]
+        c = [rng.uniform(0.0, 2.0) for _ in range(2)]
+        value, x = maximize(c, a, b)
+        assert all(sum(r[j] * x[j] for j in range(2)) <= bi + 1e-9
+                   for r, bi in zip(a, b, strict=True))
+        grid = max(c[0] * u + c[1] * v for u, v in itertools.product(
+            [i / 200 * 30 for i in range(201)], repeat=2)
+            if all(r[0] * u + r[1] * v <= bi for r, bi in zip(a, b, strict=True)))
+        assert value >= grid - 1e-9
+
+
+def test_a_device_of_its_own_is_the_slo_limits_arithmetic() -> None:
+    cost = DeviceCost(0.010, 0.002, 1.0)
+    # 2 t(b) <= 50 ms: t(7) = 24 ms; shared by two busy models, 3 t(b) <= 50 ms: b = 3.
+    assert largest_batch_within(cost, 0.05, 64) == 7
+    assert largest_batch_within(cost, 0.05, 64, models_sharing=2) == 3
+    assert rate_within_per_s(cost, 0.05, 64) == pytest.approx(7 / 0.024)
+
+
+def test_assessment_shares_devices_and_charges_sharing() -> None:
+    alone: Placement = frozenset({("big", "d0"), ("mid", "d1")})
+    shared: Placement = frozenset({("big", "d0"), ("mid", "d0")})
+    demand = {"big": 100.0, "mid": 100.0}
+    a, b = assess(alone, PROFILES, demand), assess(shared, PROFILES, demand)
+    assert a.headroom > b.headroom > 0.0
+    assert sum(b.shares.values()) == pytest.approx(1.0)
+    # A model with demand and no replica: nothing of the mix is served whole.
+    assert assess(frozenset({("big", "d0")}), PROFILES, demand).headroom == 0.0
+    # An idle model on a device does not slow the busy one there.
+    idle_too: Placement = frozenset({("big", "d0"), ("mid", "d0")})
+    assert assess(idle_too, PROFILES, {"big": 100.0}).headroom == pytest.approx(
+        assess(frozenset({("big", "d0")}), PROFILES, {"big": 100.0}).headroom)
+
+
+def test_memory_is_never_exceeded_by_any_plan() -> None:
+    rng = random.Random(11)
+    placement: Placement = frozenset()
+    for _ in range(40):
+        demand = {name: rng.choice([0.0, rng.uniform(10, 800)]) for name in PROFILES}
+        plan = propose(placement, DEVICES, PROFILES, demand)
+        assert fits(plan.placement, DEVICES, PROFILES)
+        current = placement
+        for move in plan.moves:  # every intermediate placement fits as well
+            current = current | {(move.model, move.device)} if move.kind == "add" else \
+                current - {(move.model, move.device)}
+            if move.kind == "add":
+                assert fits(current, DEVICES, PROFILES), plan.moves
+        placement = plan.placement
+
+
+def test_a_plan_keeps_every_model_with_demand_placed() -> None:
+    rng = random.Random(5)
+    placement, _ = best_placement(DEVICES, PROFILES, {"big": 300.0, "mid": 100.0,
+                                                       "small": 50.0})
+    for _ in range(30):
+        demand = {name: rng.uniform(1.0, 600.0) for name in PROFILES}
+        plan = propose(placement, DEVICES, PROFILES, demand)
+        current = placement
+        for move in plan.moves:
+            current = current - {(move.model, move.device)} if move.kind == "drop" else \
+                current | {(move.model, move.device)}
+            # A drop of a swap comes before its add, so after each step every model with
+            # demand still has a replica unless this step is that swap's drop.
+        for name in PROFILES:
+            assert devices_of(plan.placement, name), (name, plan.moves)
+        placement = plan.placement
+
+
+def test_the_planner_follows_a_shift_close_to_the_best_placement() -> None:
+    first = {"big": 600.0, "mid": 300.0, "small": 100.0}
+    second = {"big": 100.0, "mid": 300.0, "small": 600.0}
+    placement, _ = best_placement(DEVICES, PROFILES, first)
+    before = assess(placement, PROFILES, second).headroom
+    for _ in range(3):  # three plans: a few moves each
+        placement = propose(placement, DEVICES, PROFILES, second).placement
+    _, best = best_placement(DEVICES, PROFILES, second)
+    after = assess(placement, PROFILES, second).headroom
+    assert after > before
+    assert after >= 0.9 * best.headroom
+
+
+def test_a_good_placement_is_left_alone() -> None:
+    demand = {"big": 600.0, "mid": 300.0, "small": 100.0}
+    placement, _ = best_placement(DEVICES, PROFILES, demand)
+    jittered = {name: rate * 1.02 for name, rate in demand.items()}
+    assert propose(placement, DEVICES, PROFILES, jittered).moves == ()
+
+
+def test_floors_pins_and_maximum_counts() -> None:
+    profiles = {**PROFILES, "mid": profile("mid", 6, pinned=frozenset({"d3"}), max_replicas=1),
+                "small": profile("small", 4, min_replicas=2)}
+    plan = propose(frozenset(), DEVICES, profiles, {"big": 500.0, "mid": 500.0})
+    assert devices_of(plan.placement, "mid") == ["d3"]
+    assert len(devices_of(plan.placement, "small")) >= 2
+    assert floor_replicas(profiles["small"], 0.0) == 2
+    assert floor_replicas(PROFILES["big"], 0.0) == 0
+    assert floor_replicas(PROFILES["big"], 1.0) == 1
+
+
+def test_a_model_that_fits_nowhere_is_not_placed() -> None:
+    profiles = {**PROFILES, "huge": profile("huge", 20)}
+    plan = propose(frozenset(), DEVICES, profiles, {"huge": 100.0, "big": 100.0})
+    assert not devices_of(plan.placement, "huge")
+    assert devices_of(plan.placement, "big")
+
+
+def test_demand_meter_short_and_long_windows() -> None:
+    meter = DemandMeter(short_tau_s=2.0, long_tau_s=30.0)
+    count = 0
+    for step in range(41):  # 100 samples/s for 20 s
+        meter.observe(count, step * 0.5)
+        count += 50
+    assert meter.short_per_s == pytest.approx(100.0, rel=0.01)
+    assert meter.long_per_s == pytest.approx(100.0, rel=0.01)
+    for step in range(41, 61):  # then nothing for 10 s
+        meter.observe(count, step * 0.5)
+    assert meter.short_per_s < 1.0
+    assert 50.0 < meter.long_per_s < 100.0
+    assert meter.idle_for_s(30.0) == pytest.approx(10.0, abs=0.5)
+
+
+def test_tuner_hysteresis_holds_under_an_oscillating_load() -> None:
+    tuner = Tuner(TunerSettings(add_above=0.5, drop_below=0.02, hold_ticks=4,
+                                drop_hold_ticks=8))
+    slo_s = 0.05
+    # Over and under the add threshold every other tick: never a decision.
+    signals = [tuner.observe("m", 0.04 if tick % 2 else 0.01, slo_s) for tick in range(200)]
+    assert set(signals) == {None}
+    # Over for four ticks in a row: one add, then quiet while the replica loads.
+    signals = [tuner.observe("m", 0.04, slo_s) for _ in range(8)]
+    assert signals.count("add") == 1
+    signals = [tuner.observe("m", 0.0, slo_s) for _ in range(30)]
+    assert signals.count("drop") == 2  # every 8 + 4 quiet ticks
+
+
+def test_move_budget_is_per_minute() -> None:
+    budget = MoveBudget(3)
+    budget.spend(0.0, 2)
+    assert budget.left(10.0) == 1
+    budget.spend(30.0)
+    assert budget.left(59.0) == 0
+    assert budget.left(60.5) == 2
+    assert budget.left(90.5) == 3
+
+
+def test_cost_book_prefers_measurements_and_rescales_them() -> None:
+    book = CostBook({"d0": 1.0, "d2": 0.5})
+    prior = DeviceCost(0.002, 0.0002)
+    assert book.cost("m", "d2", prior).batch_s(1) == pytest.approx(prior.batch_s(1) / 0.5)
+    book.observe("m", "d0", 0.010, 0.002)
+    assert book.cost("m", "d0", prior).batch_s(1) == pytest.approx(0.012)
+    assert book.cost("m", "d2", prior).batch_s(1) == pytest.approx(0.024)
+    book.forget("m")
+    assert math.isclose(book.cost("m", "d0", prior).batch_s(1), prior.batch_s(1))
