@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import math
 import random
 import time
@@ -16,11 +17,13 @@ from evenflow.balancer.config import BalancerConfig
 from evenflow.balancer.errors import (
     DeadlineExceeded,
     InvalidRequest,
+    Overloaded,
     ShuttingDown,
     WorkerLost,
 )
 from evenflow.balancer.job import Clock, Job, Worker
 from evenflow.balancer.ledger import DeviceLedger
+from evenflow.balancer.parking import ParkingLot
 from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.replica import Replica
@@ -28,6 +31,8 @@ from evenflow.balancer.stats import BalancerSnapshot, CpuParts, ModelCounters, M
 from evenflow.balancer.timebase import TimeSource, as_time_source
 
 __all__ = ["BalancerConfig", "ModelBalancer"]
+
+logger = logging.getLogger(__name__)
 
 
 class ModelBalancer:
@@ -41,14 +46,20 @@ class ModelBalancer:
 
     ``clock`` prices and times every wait: a ``TimeSource`` (a clock with its timers), or a bare
     clock whose timers are the event loop's (``time.monotonic``, or a virtual loop's ``time``).
+
+    A model may have no replica in routing (none placed yet, evicted, or its last one leaving).
+    Its requests are then parked (``ParkingLot``: admitted, in arrival order, each until its
+    deadline) while a replica is expected (``expect_replica``: the placer is loading one) or
+    while ``on_no_replica`` is set: that callback is called when a request parks and no replica
+    is expected yet, so the placer can start a load on demand (it may call ``expect_replica``
+    from inside it). The replica that comes into routing takes the parked requests over.
     """
 
     def __init__(self, *, model_name: str, workers: Sequence[Worker], config: BalancerConfig,
                  clock: Clock | TimeSource = time.monotonic, rng: random.Random | None = None,
                  on_health: Callable[[], None] | None = None,
-                 ledger: DeviceLedger | None = None, count_cpu: bool = False) -> None:
-        if not workers:
-            raise ValueError(f"model {model_name!r} has no workers")
+                 ledger: DeviceLedger | None = None, count_cpu: bool = False,
+                 on_no_replica: Callable[[], None] | None = None) -> None:
         self.model_name = model_name
         self.config = config
         self.counters = ModelCounters(cpu=CpuParts() if count_cpu else None)
@@ -70,8 +81,13 @@ class ModelBalancer:
         self._replicas: list[Replica] = []
         for worker in workers:
             self._add(worker)
+        self._replicas_changed()  # no worker at all is a model placed nowhere yet
         self._in_service = list(self._replicas)  # the healthy replicas, in routing
         self._on_health = on_health
+        self._on_no_replica = on_no_replica
+        self._expected = False  # a replica is being loaded (the placer said so)
+        self._parking = ParkingLot(model_name=model_name, time=self._time,
+                                   dropped=self.counters.dropped)
 
     @property
     def replicas(self) -> tuple[Replica, ...]:
@@ -96,12 +112,42 @@ class ModelBalancer:
         self._queues = list({id(q): q for q in self._queue_of.values()}.values())
 
     def add_replica(self, worker: Worker) -> None:
-        """A new replica (a device that joined), in routing at once; it is cold, so it gets
-        one probe request before its estimate is trusted. The balancer owns ``worker`` now."""
+        """A new replica (a device that joined, or one the placer loaded), in routing at once;
+        it is cold, so it gets one probe request before its estimate is trusted. The parked
+        requests go to the replicas in service, and no replica is expected any more. The
+        balancer owns ``worker`` now."""
         replica = self._add(worker)
         if self._loop is not None:
             replica.start()
+        self._expected = False
         self._health_changed()
+
+    def expect_replica(self) -> None:
+        """A replica is being loaded for this model (the placer calls this before the load
+        starts): while none is in routing, requests park until it comes (``add_replica``) or
+        its load fails (``cancel_expected``)."""
+        self._expected = True
+
+    @property
+    def replica_expected(self) -> bool:
+        return self._expected
+
+    def cancel_expected(self) -> None:
+        """The expected replica failed to load: unless a replica is in routing (then nothing is
+        parked), every parked request fails."""
+        self._expected = False
+        if not self._in_service:
+            self._parking.fail_all(WorkerLost(
+                f"model {self.model_name!r}: its replica failed to load"))
+
+    async def remove_replica(self, worker: Worker) -> None:
+        """The replica of ``worker`` leaves, as in ``remove_device`` (the placer moves one
+        replica of a model, not a device)."""
+        replica = next((r for r in self._replicas if r.worker is worker), None)
+        if replica is None:
+            raise ValueError(f"worker {worker.name!r} is not a replica of model "
+                             f"{self.model_name!r}")
+        await self._remove(replica)
 
     async def remove_device(self, device: str) -> int:
         """The replicas whose worker runs on ``device`` alone leave: out of routing, their
@@ -113,9 +159,12 @@ class ModelBalancer:
         return len(leaving)
 
     async def _remove(self, replica: Replica) -> None:
+        """Out of routing, its queued work moved to the others (parked or failed when it was
+        the last one: ``_reroute``), its running batches finished; then its worker closed."""
         replica.leave_routing()
         self._health_changed()
-        queued = [] if self._shared_queue is not None else \
+        # A shared queue stays with the replicas that still read it; the last one hands it on.
+        queued = [] if self._shared_queue is not None and self._in_service else \
             replica.give_up_newest(replica.queued_requests)
         self._reroute([], queued)
         await replica.wait_quiet()
@@ -137,10 +186,27 @@ class ModelBalancer:
         """Whether any replica is in routing (health says NOT_SERVING when none is)."""
         return bool(self._in_service)
 
+    @property
+    def routable(self) -> bool:
+        """Whether a request submitted now would be admitted rather than refused for want of
+        a replica: one is in routing, one is expected, or ``on_no_replica`` would ask for one
+        (then it parks). For health: a model that loads on demand is ready with no replica."""
+        return bool(self._in_service) or self._expected or self._on_no_replica is not None
+
     def _health_changed(self) -> None:
         self._in_service = [replica for replica in self._replicas if replica.healthy]
+        if self._in_service and len(self._parking):
+            self._unpark()
         if self._on_health is not None:
             self._on_health()
+
+    def _unpark(self) -> None:
+        """A replica is in routing: the parked jobs go to the replicas in service, oldest
+        first, each priced by the policy as it goes (as jobs moved off a lost replica are)."""
+        now_s = self._clock()
+        for job in self._parking.release():
+            replica, _ = self._route(job, now_s)
+            replica.enqueue(job)
 
     @property
     def admitted_requests(self) -> int:
@@ -149,7 +215,13 @@ class ModelBalancer:
 
     @property
     def queued_requests(self) -> int:
+        """Requests in the replicas' queues (not the parked ones)."""
         return sum(len(queue) for queue in self._queues)
+
+    @property
+    def parked_requests(self) -> int:
+        """Admitted requests waiting for a replica to come into routing."""
+        return len(self._parking)
 
     def submit(self, payload: Any, num_samples: int, deadline_s: float = math.inf,
                priority: int = 0, shape_key: Hashable = None) -> asyncio.Future[Any]:
@@ -166,9 +238,6 @@ class ModelBalancer:
         now_s = self._clock()
         if deadline_s <= now_s:
             raise DeadlineExceeded("deadline passed before the request was queued")
-        if not self.serving:
-            raise WorkerLost(f"model {self.model_name!r} has no replica in service (all are "
-                             "restarting)")
         self._admission.by_count(self._queues, num_samples, now_s)
         if self._loop is None:
             raise RuntimeError("ModelBalancer.start() was not called")
@@ -176,6 +245,8 @@ class ModelBalancer:
         job = Job(payload, num_samples, now_s, deadline_s, future, level,
                   shape_key=shape_key,
                   due_s=min(deadline_s, now_s + self.config.latency_target_s))
+        if not self._in_service:  # the one branch the parking costs a routed request
+            return self._park_new(job)
         replica, finish_s = self._route(job, now_s)
         self._admission.in_time(replica, num_samples, now_s, finish_s, deadline_s,
                                 self._queues, len(self._in_service))
@@ -195,20 +266,54 @@ class ModelBalancer:
     def _leave_system(self, _: asyncio.Future[Any]) -> None:
         self._in_system -= 1
 
+    def _park_new(self, job: Job) -> asyncio.Future[Any]:
+        """Admit ``job`` with no replica in routing: parked, or refused (``WorkerLost`` when
+        none is expected and none can be asked for, ``Overloaded`` at the count bound)."""
+        if not self.routable:
+            raise WorkerLost(f"model {self.model_name!r} has no replica in service "
+                             + ("(all are restarting)" if self._replicas else
+                                "(none is placed, and none is being loaded)"))
+        limit = self.config.max_queued_requests
+        parked = len(self._parking)
+        if parked >= limit:
+            self.counters.rejected["queue_full"] += 1
+            raise Overloaded(f"model {self.model_name!r} has {parked} requests waiting for a "
+                             f"replica to load (limit {limit}, --max-queued-requests)")
+        self._in_system += 1
+        job.future.add_done_callback(self._leave_system)
+        self._park(job)
+        return job.future
+
+    def _park(self, job: Job) -> None:
+        """Park an admitted job; ask ``on_no_replica`` for a replica when none is expected and
+        this job is the first to wait (once per wait, not once per request: the placer's tick
+        asks again for a model whose requests are still parked)."""
+        ask = None if self._expected or len(self._parking) else self._on_no_replica
+        self._parking.park(job)
+        if ask is not None:
+            try:
+                ask()
+            except Exception:  # a placement bug must not lose the admitted request
+                logger.exception("model %r: on_no_replica failed", self.model_name)
+
     def _reroute(self, running: list[Job], queued: list[Job]) -> None:
         """A replica left routing: its queued jobs go to the others; the jobs of the batch it
-        was running are re-run once (a second loss fails them with UNAVAILABLE)."""
+        was running are re-run once (a second loss fails them with UNAVAILABLE). With no other
+        replica in service they park while one is expected or can be asked for, else fail."""
         now_s = self._clock()
         for job in running:
             job.attempts += 1
         for job in (*running, *queued):
             if job.future.done():
                 continue
-            if job.attempts > 1 or not self.serving:
+            if job.attempts > 1 or not self.routable:
                 job.future.set_exception(WorkerLost(
                     f"model {self.model_name!r}: "
                     + ("the workers running this request were lost twice" if job.attempts > 1
                        else "its worker was lost and no other replica is in service")))
+                continue
+            if not self._in_service:  # the last one left, and a replica is expected or asked
+                self._park(job)
                 continue
             replica, _ = self._route(job, now_s)
             replica.enqueue(job)
@@ -315,15 +420,20 @@ class ModelBalancer:
         return found
 
     async def drain(self) -> None:
-        """Refuse new work and wait until every admitted request has finished."""
+        """Refuse new work and wait until every admitted request has finished (the parked
+        ones too: served by the replica they wait for, or failed at their deadlines)."""
         self._closing = True
-        while self.queued_requests or any(r.running_requests for r in self._replicas):
-            await asyncio.gather(*(replica.wait_quiet() for replica in self._replicas))
+        while (self.queued_requests or len(self._parking)
+               or any(r.running_requests for r in self._replicas)):
+            await asyncio.gather(self._parking.wait_empty(),
+                                 *(replica.wait_quiet() for replica in self._replicas))
 
     async def close(self) -> None:
         """Stop the replica loops, fail anything still queued, and close the workers (call
         ``drain`` first)."""
         self._closing = True
+        self._expected = False
+        self._parking.fail_all(ShuttingDown(f"model {self.model_name!r} shut down"))
         for queue in self._queues:
             queue.fail_all(ShuttingDown(f"model {self.model_name!r} shut down"))
         for replica in self._replicas:
@@ -342,6 +452,7 @@ class ModelBalancer:
             model_name=self.model_name, policy=config.policy.value,
             batch_policy="adaptive" if config.adaptive_batching else "fixed",
             latency_target_s=config.latency_target_s, queued_requests=self.queued_requests,
+            parked_requests=len(self._parking),
             num_rejected=sum(self.counters.rejected.values()),
             rejected_by_reason=dict(self.counters.rejected),
             dropped_by_reason=dict(self.counters.dropped),

@@ -296,6 +296,7 @@ class BalancerSnapshot:
     replicas: tuple[ReplicaSnapshot, ...]
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
     dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    parked_requests: int = 0  # admitted, waiting for a replica to load (not in queued)
 
 
 class ReplicaCounters:
