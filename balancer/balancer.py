@@ -234,6 +234,7 @@ class ModelBalancer:
         if num_samples > self.config.max_batch:
             raise InvalidRequest(f"batch of {num_samples} exceeds max batch size "
                                  f"{self.config.max_batch} of model {self.model_name!r}")
+        self.counters.arrived_samples += num_samples  # demand: refused requests count too
         level = self.config.level_of(priority) if priority else self._default_level
         now_s = self._clock()
         if deadline_s <= now_s:

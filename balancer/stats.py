@@ -206,6 +206,7 @@ class ModelCounters:
     cpu: CpuParts | None = None  # CPU time by part of the request path, when measured
     rerouted: int = 0  # requests moved off a replica that lost its worker
     rebound: int = 0  # requests moved by late binding as their batch was about to start
+    arrived_samples: int = 0  # samples of every request that reached submit, refused or not
 
     def statistics(self) -> ModelStatistics:
         """A copy of what the server reports of the model (Triton's statistics and metrics)."""

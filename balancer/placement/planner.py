@@ -1,21 +1,22 @@
 """The slow-timescale planner: which models get replicas on which devices, within memory, to
 serve the measured demand with the most headroom (``assessment``).
 
-``propose`` searches greedily from the current placement: each step tries every single move
-(add a replica, drop one, or swap one model for another on a device) and keeps the best, while
-it raises the headroom by at least ``min_gain``; so a placement that serves its demand well is
-left alone, and each plan moves a few replicas at most. ``best_placement`` enumerates every
-placement that fits (small inventories only): the bound the benchmark measures against.
+Where the placements that fit are few enough to try (``max_enumerated``), ``propose`` tries them
+all (an exact search, ``enumeration``) and moves to the one within ``near_best`` of the best
+that takes the fewest moves from the current placement, if it beats the current headroom by
+``min_gain``. Otherwise it searches greedily from the current placement: each step tries every
+single move (add a replica, drop one, or swap one model for another on a device) and keeps the
+best while it gains ``min_gain``. Either way a placement that serves its demand well is left
+alone, and the moves come in an order that never takes a model below its floor.
 """
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from evenflow.balancer.placement.assessment import Assessment, assess
+from evenflow.balancer.placement.enumeration import count_placements, placed_models, placements
 from evenflow.balancer.placement.inventory import (
     DeviceInfo,
     ModelProfile,
@@ -23,16 +24,7 @@ from evenflow.balancer.placement.inventory import (
     devices_of,
     memory_used_bytes,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """``add``: load ``model`` on ``device``; ``drop``: drain and close that replica. A swap is a
-    drop and an add on one device, the drop first (it frees the memory)."""
-
-    kind: str  # "add" or "drop"
-    model: str
-    device: str
+from evenflow.balancer.placement.moves import Move, floor_replicas, order_moves, required
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +32,15 @@ class PlannerSettings:
     """``min_gain``: the relative headroom gain a move must bring (moves cost a load and a
     drain; a smaller gain is noise in the demand). ``max_moves``: single moves per plan.
     ``enough_headroom``: above this, extra replicas are not sought (memory is better kept for
-    models that may come)."""
+    models that may come). ``max_enumerated``: the most placements the exact search tries
+    (each is one small LP). ``near_best``: how far below the best headroom a placement that
+    needs fewer moves may be and still be chosen."""
 
     min_gain: float = 0.05
-    max_moves: int = 4
+    max_moves: int = 8
     enough_headroom: float = 4.0
+    max_enumerated: int = 4000
+    near_best: float = 0.03
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,17 +49,6 @@ class Plan:
     moves: tuple[Move, ...]
     before: Assessment
     after: Assessment
-
-
-def floor_replicas(profile: ModelProfile, demand_per_s: float) -> int:
-    """The fewest replicas a model may keep: its minimum, and one while it has demand."""
-    return max(profile.min_replicas, len(profile.pinned), 1 if demand_per_s > 0.0 else 0)
-
-
-def required(devices: Sequence[DeviceInfo], profiles: Mapping[str, ModelProfile]) -> Placement:
-    """The replicas the configuration pins."""
-    names = {device.name for device in devices}
-    return frozenset((p.name, d) for p in profiles.values() for d in p.pinned if d in names)
 
 
 def _free_bytes(placement: Placement, device: DeviceInfo,
@@ -108,14 +93,83 @@ def candidate_moves(placement: Placement, devices: Sequence[DeviceInfo],
 
 
 def _better(after: Assessment, before: Assessment, min_gain: float) -> bool:
-    if before.headroom <= 0.0:
-        return after.headroom > 0.0
-    return after.headroom > before.headroom * (1.0 + min_gain)
+    return _better_headroom(after.headroom, before.headroom, min_gain)
 
 
 def propose(placement: Placement, devices: Sequence[DeviceInfo],
             profiles: Mapping[str, ModelProfile], demand_per_s: Mapping[str, float],
             settings: PlannerSettings = PlannerSettings()) -> Plan:
+    """The plan from ``placement`` for ``demand_per_s``: exact where the placements are few
+    enough to try, else greedy (the module's docstring). A model that fits on no device is left
+    out: it cannot be served whatever the others do."""
+    demand_per_s = {name: rate for name, rate in demand_per_s.items()
+                    if name in profiles and placeable(profiles[name], devices)}
+    names = placed_models(profiles, demand_per_s)
+    if count_placements(devices, profiles, names) <= settings.max_enumerated:
+        return propose_exact(placement, devices, profiles, demand_per_s, settings)
+    return propose_greedy(placement, devices, profiles, demand_per_s, settings)
+
+
+def placeable(profile: ModelProfile, devices: Sequence[DeviceInfo]) -> bool:
+    return any(profile.allowed_on(d.name) and profile.memory_bytes <= d.memory_bytes
+               for d in devices)
+
+
+def _keep_idle(target: Placement, current: Placement, devices: Sequence[DeviceInfo],
+               profiles: Mapping[str, ModelProfile], names: Sequence[str]) -> Placement:
+    """``target`` plus the current replicas of models it does not hold (idle ones) that still
+    fit beside it: a replica kept costs nothing, one dropped may have to load again."""
+    memory = {d.name: d.memory_bytes for d in devices}
+    kept = set(target)
+    for name, device in sorted(current):
+        if name in names:
+            continue
+        used = memory_used_bytes(frozenset(kept), device, profiles)
+        if used + profiles[name].memory_bytes <= memory[device]:
+            kept.add((name, device))
+    return frozenset(kept)
+
+
+def propose_exact(placement: Placement, devices: Sequence[DeviceInfo],
+                  profiles: Mapping[str, ModelProfile], demand_per_s: Mapping[str, float],
+                  settings: PlannerSettings = PlannerSettings()) -> Plan:
+    """Try every placement (``enumeration.placements``); see the module's docstring."""
+    before = assess(placement, profiles, demand_per_s)
+    names = placed_models(profiles, demand_per_s)
+    scored = [(assess(p, profiles, demand_per_s), p)
+              for p in placements(devices, profiles, demand_per_s)]
+    if not scored:
+        return Plan(placement, (), before, before)
+    best = max(result.headroom for result, _ in scored)
+    must = _below_floor(placement, profiles, demand_per_s)
+    if not must and not _better_headroom(best, before.headroom, settings.min_gain):
+        return Plan(placement, (), before, before)
+    near = []
+    for result, target in scored:
+        if result.headroom < best * (1.0 - settings.near_best):
+            continue
+        if not must and not _better_headroom(result.headroom, before.headroom,
+                                             settings.min_gain):
+            continue
+        full = _keep_idle(target, placement, devices, profiles, names)
+        near.append((len(full ^ placement), -result.headroom, sorted(full), full, result))
+    near.sort(key=lambda item: item[:3])
+    for count, _, _, full, _result in near:
+        if count > settings.max_moves and not must:
+            break
+        moves = order_moves(placement, full, devices, profiles, demand_per_s)
+        if moves is not None:
+            return Plan(full, moves, before, assess(full, profiles, demand_per_s))
+    return Plan(placement, (), before, before)
+
+
+def _better_headroom(after: float, before: float, min_gain: float) -> bool:
+    return after > 0.0 if before <= 0.0 else after > before * (1.0 + min_gain)
+
+
+def propose_greedy(placement: Placement, devices: Sequence[DeviceInfo],
+                   profiles: Mapping[str, ModelProfile], demand_per_s: Mapping[str, float],
+                   settings: PlannerSettings = PlannerSettings()) -> Plan:
     """First whatever the floors need (pins, minimum counts, one replica for a model with
     demand), each where it serves the most; then the moves, best first, that raise headroom by
     ``min_gain`` each, up to ``max_moves`` of them."""
@@ -174,33 +228,3 @@ def _fills_floor(candidate: Placement, current: Placement,
     return short(candidate) < short(current)
 
 
-def placements(devices: Sequence[DeviceInfo], profiles: Mapping[str, ModelProfile],
-               demanded: Sequence[str]) -> Iterator[Placement]:
-    """Every placement of ``demanded`` models that fits memory, each placed at least once."""
-    per_device = []
-    for device in devices:
-        allowed = [name for name in demanded if profiles[name].allowed_on(device.name)]
-        subsets = []
-        for size in range(len(allowed) + 1):
-            for subset in itertools.combinations(allowed, size):
-                if sum(profiles[n].memory_bytes for n in subset) <= device.memory_bytes:
-                    subsets.append(frozenset((n, device.name) for n in subset))
-        per_device.append(subsets)
-    for choice in itertools.product(*per_device):
-        placement: Placement = frozenset().union(*choice)
-        if all(any(name == n for n, _ in placement) for name in demanded):
-            yield placement
-
-
-def best_placement(devices: Sequence[DeviceInfo], profiles: Mapping[str, ModelProfile],
-                   demand_per_s: Mapping[str, float]) -> tuple[Placement, Assessment]:
-    """The placement with the most headroom for ``demand_per_s``, by enumeration."""
-    demanded = sorted(name for name, rate in demand_per_s.items() if rate > 0.0)
-    best: tuple[Placement, Assessment] | None = None
-    for placement in placements(devices, profiles, demanded):
-        result = assess(placement, profiles, demand_per_s)
-        if best is None or result.headroom > best[1].headroom:
-            best = (placement, result)
-    if best is None:
-        return frozenset(), Assessment(0.0 if demanded else math.inf, {}, {})
-    return best

@@ -1,0 +1,112 @@
+"""``--placement auto``: the planner on a slow timescale (and at once on a big change in the
+demand mix), the tuner on a fast one."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from evenflow.balancer.placement.inventory import devices_of
+from evenflow.balancer.placement.moves import Move, floor_replicas
+from evenflow.balancer.placement.planner import PlannerSettings, propose
+from evenflow.balancer.placement.tuner import Tuner, TunerSettings
+from evenflow.balancer.placement.view import PlacerView
+
+
+@dataclass(frozen=True, slots=True)
+class AutoSettings:
+    """``plan_interval_s``: how often the planner runs while nothing is moving. ``big_change``:
+    a model's share of the total demand moving by this much (absolute), or the total by this
+    factor, plans once the demand window holds only the new mix (``settle_s``, the demand
+    meter's short window). ``tuner_pause_s``: after a plan's moves, how long the tuner waits
+    before its signal means anything again."""
+
+    plan_interval_s: float = 10.0
+    big_change: float = 0.15
+    settle_s: float = 2.0
+    tuner_pause_s: float = 5.0
+    planner: PlannerSettings = field(default_factory=PlannerSettings)
+    tuner: TunerSettings = field(default_factory=TunerSettings)
+
+
+def _shares(demand_per_s: Mapping[str, float]) -> tuple[float, dict[str, float]]:
+    total = sum(demand_per_s.values())
+    return total, {name: rate / total if total else 0.0 for name, rate in demand_per_s.items()}
+
+
+class AutoStrategy:
+    def __init__(self, settings: AutoSettings = AutoSettings()) -> None:
+        self.settings = settings
+        self._tuner = Tuner(settings.tuner)
+        self._planned_at_s = -math.inf
+        self._planned_for: Mapping[str, float] = {}
+        self._changed_at_s: float | None = None  # when a big change was first seen
+        self._moved_at_s = -math.inf  # when moves were last in flight
+
+    def _big_change(self, demand_per_s: Mapping[str, float]) -> bool:
+        total, shares = _shares(demand_per_s)
+        before_total, before = _shares(self._planned_for)
+        if (total > 0.0) != (before_total > 0.0):
+            return True
+        if total <= 0.0:
+            return False
+        if max(total, before_total) > (1.0 + self.settings.big_change) * min(total,
+                                                                              before_total):
+            return True
+        names = set(shares) | set(before)
+        return any(abs(shares.get(n, 0.0) - before.get(n, 0.0)) > self.settings.big_change
+                   for n in names)
+
+    def moves(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
+        now_s = view.now_s
+        if view.moves_in_flight:
+            self._moved_at_s = now_s
+        if view.moves_left <= 0:
+            return ()
+        if self._big_change(view.demand_per_s):
+            if self._changed_at_s is None:
+                self._changed_at_s = now_s
+            if now_s - self._changed_at_s >= self.settings.settle_s:
+                return self._plan(view)
+            return ()  # the window still holds some of the old mix
+        self._changed_at_s = None
+        if view.moves_in_flight:
+            return ()
+        if now_s - self._planned_at_s >= self.settings.plan_interval_s:
+            return self._plan(view)
+        if now_s - self._moved_at_s >= self.settings.tuner_pause_s:
+            return self._tune(view)
+        return ()
+
+    def _plan(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
+        self._planned_at_s, self._planned_for = view.now_s, dict(view.demand_per_s)
+        self._changed_at_s = None
+        settings = replace(self.settings.planner,
+                           max_moves=min(self.settings.planner.max_moves, view.moves_left))
+        plan = propose(view.placement, view.devices, view.profiles, view.demand_per_s,
+                       settings)
+        return [(move, "plan") for move in plan.moves]
+
+    def _tune(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
+        for name, work_s in sorted(view.mean_work_s.items()):
+            profile = view.profiles[name]
+            signal = self._tuner.observe(name, work_s, profile.slo_s)
+            if signal == "add":
+                # Plan as if this model's demand were twice what was measured: the planner then
+                # finds where one more replica of it helps most (swapping out an idle one if
+                # memory is short), or says that none does.
+                boosted = {**view.demand_per_s,
+                           name: 2.0 * max(view.demand_per_s.get(name, 0.0), 1.0)}
+                plan = propose(view.placement, view.devices, view.profiles, boosted,
+                               replace(self.settings.planner, max_moves=min(2, view.moves_left)))
+                adds = [m for m in plan.moves if m.kind == "add" and m.model == name]
+                if adds:
+                    return [(move, "tuner") for move in plan.moves[:plan.moves.index(adds[0]) + 1]]
+            elif signal == "drop":
+                placed = devices_of(view.serving, name)
+                floor = floor_replicas(profile, view.long_demand_per_s.get(name, 0.0))
+                if len(devices_of(view.placement, name)) > max(floor, 1) and placed:
+                    slowest = max(placed, key=lambda d: profile.costs[d].batch_s(1))
+                    return [(Move("drop", name, slowest), "tuner")]
+        return ()

@@ -1,0 +1,415 @@
+"""The placer: carries out a strategy's moves on live balancers, and loads a model that has no
+replica when a request for it arrives.
+
+Every tick it samples each model's demand and its replicas' fits and outstanding work, asks
+the strategy for moves, and runs them as tasks it owns:
+
+* an ``add`` reserves the memory, loads and warms up a replica (``ReplicaLoader``), then puts it
+  in routing; while it loads, a model with no replica in routing parks its requests
+  (``ModelBalancer.expect_replica``), so they wait within their deadlines;
+* a ``drop`` waits for the adds of the same model proposed before it, and runs only if the model
+  keeps its floor of replicas in routing without this one; the balancer moves the replica's
+  queued work to the others and lets its running batch finish before the worker closes, so no
+  request is refused or lost because a replica moves;
+* an ``add`` that needs memory a ``drop`` before it frees waits for that drop.
+
+A model with no replica at all (evicted when idle, or never placed) is loaded where it would
+serve fastest, evicting the least recently used idle models on that device if memory is short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import enum
+import functools
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from evenflow.balancer.balancer import ModelBalancer
+from evenflow.balancer.capacity import DeviceCost, rate_within_per_s
+from evenflow.balancer.job import Worker
+from evenflow.balancer.placement.costs import CostBook
+from evenflow.balancer.placement.demand import DemandMeter
+from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile, Placement
+from evenflow.balancer.placement.moves import Move, floor_replicas
+from evenflow.balancer.placement.tuner import MoveBudget
+from evenflow.balancer.placement.view import PlacerView, Strategy
+from evenflow.balancer.timebase import TimeSource, sleep_s
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicaLoader(Protocol):
+    async def load(self, model: str, device: str) -> Worker:
+        """A warmed-up worker for ``model`` on ``device`` (the placer owns it from then)."""
+        ...
+
+
+class ReplicaState(enum.Enum):
+    LOADING = "loading"
+    SERVING = "serving"
+    DRAINING = "draining"
+
+
+@dataclass(slots=True)
+class PlacedReplica:
+    model: str
+    device: str
+    state: ReplicaState
+    since_s: float
+    worker: Worker | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MoveRecord:
+    """A move carried out (or given up), for the log, the metrics and the stats RPC."""
+
+    at_s: float
+    kind: str
+    model: str
+    device: str
+    reason: str
+    took_s: float
+    outcome: str  # "done", "failed: ...", or "skipped: ..."
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementSnapshot:
+    mode: str
+    replicas: tuple[tuple[str, str, str], ...]  # (model, device, state)
+    moves: Mapping[str, int]  # by "kind/reason/outcome-word"
+    recent: tuple[MoveRecord, ...]
+    demand_per_s: Mapping[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class PlacerSettings:
+    """``tick_s``: how often demand and load are sampled and the strategy asked.
+    ``moves_per_minute``: the budget of moves, shared by every cause. ``on_demand_wait_s``: how
+    long a model with parked requests and no memory to load into waits for memory before its
+    requests fail (each fails at its own deadline first if it has one). ``idle_s``: a model
+    with nothing in flight and no request for this long is idle: its demand is 0 to the
+    strategy, and its replicas may be evicted."""
+
+    tick_s: float = 0.5
+    moves_per_minute: int = 30
+    on_demand_wait_s: float = 30.0
+    idle_s: float = 5.0
+    recent_moves: int = 64
+
+
+@dataclass(slots=True)
+class _Model:
+    template: ModelProfile  # everything but the costs, which the cost book keeps current
+    prior: DeviceCost  # its batch cost at speed 1 before it has been measured anywhere
+    balancer: ModelBalancer
+    demand: DemandMeter = field(default_factory=DemandMeter)
+    waiting_since_s: float | None = None  # parked requests and no replica could be loaded
+
+
+class Placer:
+    def __init__(self, *, devices: Sequence[DeviceInfo], speeds: Mapping[str, float],
+                 loader: ReplicaLoader, strategy: Strategy, time_source: TimeSource,
+                 mode: str = "auto", settings: PlacerSettings = PlacerSettings()) -> None:
+        self.devices = list(devices)
+        self.mode = mode
+        self.settings = settings
+        self._loader = loader
+        self._strategy = strategy
+        self._time = time_source
+        self._costs = CostBook(speeds)
+        self._models: dict[str, _Model] = {}
+        self._replicas: dict[tuple[str, str], PlacedReplica] = {}
+        self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self._budget = MoveBudget(settings.moves_per_minute)
+        self._counts: collections.Counter[str] = collections.Counter()
+        self._recent: collections.deque[MoveRecord] = collections.deque(
+            maxlen=settings.recent_moves)
+        self._loop_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # -- models ---------------------------------------------------------------------------
+
+    def add_model(self, template: ModelProfile, prior: DeviceCost, balancer: ModelBalancer,
+                  workers: Mapping[str, Worker]) -> None:
+        """Manage ``balancer``'s replicas; ``workers`` are those it was built with, by device."""
+        now_s = self._time.clock()
+        self._models[template.name] = _Model(template, prior, balancer)
+        for device, worker in workers.items():
+            self._replicas[(template.name, device)] = PlacedReplica(
+                template.name, device, ReplicaState.SERVING, now_s, worker)
+
+    def forget_model(self, name: str) -> None:
+        """The model was unloaded (its balancer closed its workers): its memory is free."""
+        self._models.pop(name, None)
+        for key in [key for key in self._replicas if key[0] == name]:
+            del self._replicas[key]
+        self._costs.forget(name)
+
+    def no_replica_callback(self, name: str) -> Callable[[], None]:
+        """For the balancer's ``on_no_replica``: load a replica for ``name`` now."""
+        return lambda: self._on_demand(name)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._loop_task = asyncio.get_running_loop().create_task(self._run(),
+                                                                 name="evenflow-placer")
+
+    async def close(self) -> None:
+        """Stop planning and wait for the moves in flight (a load finishes into routing; the
+        balancers close the workers when their models close)."""
+        self._closing = True
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            await sleep_s(self._time, self.settings.tick_s)
+            try:
+                self.tick()
+            except Exception:  # a planning bug must not stop placement for good
+                logger.exception("placement tick failed")
+
+    # -- one tick -------------------------------------------------------------------------
+
+    def profiles(self) -> dict[str, ModelProfile]:
+        return {name: replace(model.template, costs={
+            d.name: self._costs.cost(name, d.name, model.prior) for d in self.devices
+            if model.template.allowed_on(d.name)}) for name, model in self._models.items()}
+
+    def _placement(self, *states: ReplicaState) -> Placement:
+        return frozenset(key for key, r in self._replicas.items() if r.state in states)
+
+    def view(self) -> PlacerView:
+        now_s = self._time.clock()
+        mean_work: dict[str, float] = {}
+        for name, model in self._models.items():
+            works = []
+            for replica in model.balancer.snapshot().replicas:
+                if replica.fit_reliable and len(replica.devices) == 1:
+                    self._costs.observe(name, replica.devices[0], replica.fit_base_s,
+                                        replica.fit_per_sample_s)
+                if replica.healthy:
+                    works.append(replica.outstanding_work_s)
+            model.demand.observe(model.balancer.counters.arrived_samples, now_s)
+            if works:
+                mean_work[name] = sum(w for w in works if math.isfinite(w)) / len(works)
+        return PlacerView(
+            now_s=now_s, devices=self.devices, profiles=self.profiles(),
+            placement=self._placement(*ReplicaState), serving=self._placement(
+                ReplicaState.SERVING),
+            demand_per_s={n: 0.0 if self._idle(n, now_s) else m.demand.short_per_s
+                          for n, m in self._models.items()},
+            long_demand_per_s={n: m.demand.long_per_s for n, m in self._models.items()},
+            mean_work_s=mean_work, moves_left=self._budget.left(now_s),
+            moves_in_flight=len(self._tasks))
+
+    def tick(self) -> None:
+        if self._closing:
+            return
+        view = self.view()
+        for name, model in self._models.items():
+            if model.balancer.parked_requests and not any(
+                    key[0] == name for key in self._replicas):
+                self._on_demand(name)
+        self.carry_out(self._strategy.moves(view))
+
+    # -- moves ----------------------------------------------------------------------------
+
+    def carry_out(self, moves: Sequence[tuple[Move, str]], *, budgeted: bool = True) -> None:
+        """Start ``moves`` in order, within the budget unless not ``budgeted``; each waits for
+        the earlier moves it depends on (see the module's docstring)."""
+        now_s = self._time.clock()
+        earlier: list[tuple[Move, asyncio.Task[None]]] = []
+        limit = self._budget.left(now_s) if budgeted else len(moves)
+        for move, reason in moves[:limit]:
+            key = (move.model, move.device)
+            if move.model not in self._models or key in self._tasks:
+                continue
+            if move.kind == "add":
+                if key in self._replicas:
+                    continue
+                after = [task for m, task in earlier if m.kind == "drop"
+                         and m.device == move.device]
+                self._replicas[key] = PlacedReplica(move.model, move.device,
+                                                    ReplicaState.LOADING, now_s)
+                work = self._add(move, reason, after)
+            else:
+                replica = self._replicas.get(key)
+                if replica is None or replica.state is not ReplicaState.SERVING:
+                    continue
+                after = [task for m, task in earlier if m.kind == "add"
+                         and m.model == move.model]
+                work = self._drop(move, reason, after)
+            if budgeted:
+                self._budget.spend(now_s)
+            task = asyncio.get_running_loop().create_task(work, name=f"evenflow-{move.kind}")
+            self._tasks[key] = task
+            task.add_done_callback(functools.partial(self._move_finished, key))
+            earlier.append((move, task))
+
+    def _move_finished(self, key: tuple[str, str], _: asyncio.Task[None]) -> None:
+        self._tasks.pop(key, None)
+
+    def _record(self, move: Move, reason: str, started_s: float, outcome: str) -> None:
+        now_s = self._time.clock()
+        record = MoveRecord(now_s, move.kind, move.model, move.device, reason,
+                            now_s - started_s, outcome)
+        self._recent.append(record)
+        self._counts[f"{move.kind}/{reason}/{outcome.split(':', maxsplit=1)[0]}"] += 1
+        log = logger.info if outcome == "done" else logger.warning
+        log("placement: %s %s on %s (%s): %s in %.2f s", move.kind, move.model, move.device,
+            reason, outcome, record.took_s)
+
+    async def _add(self, move: Move, reason: str, after: list[asyncio.Task[None]]) -> None:
+        started_s = self._time.clock()
+        key = (move.model, move.device)
+        await asyncio.gather(*after, return_exceptions=True)
+        model = self._models.get(move.model)
+        if model is None or self._closing or not self._fits(move):
+            self._replicas.pop(key, None)
+            self._record(move, reason, started_s, "skipped: no memory" if model else
+                         "skipped: model gone")
+            return
+        balancer = model.balancer
+        if not balancer.serving:
+            balancer.expect_replica()
+        try:
+            worker = await self._loader.load(move.model, move.device)
+        except Exception as exc:
+            self._replicas.pop(key, None)
+            if not balancer.serving and not self._loading(move.model):
+                balancer.cancel_expected()
+            self._record(move, reason, started_s, f"failed: {exc}")
+            return
+        if self._models.get(move.model) is not model:  # unloaded while this one loaded
+            await worker.close()
+            self._record(move, reason, started_s, "skipped: model gone")
+            return
+        balancer.add_replica(worker)
+        self._replicas[key] = PlacedReplica(move.model, move.device, ReplicaState.SERVING,
+                                            self._time.clock(), worker)
+        model.waiting_since_s = None
+        self._record(move, reason, started_s, "done")
+
+    def _loading(self, name: str) -> bool:
+        return any(r.state is ReplicaState.LOADING for key, r in self._replicas.items()
+                   if key[0] == name)
+
+    def _fits(self, move: Move) -> bool:
+        """Whether the device has the memory for ``move``'s replica, counting itself."""
+        device = next(d for d in self.devices if d.name == move.device)
+        used = sum(self._models[name].template.memory_bytes
+                   for (name, where) in self._replicas if where == move.device
+                   and name in self._models)
+        return used <= device.memory_bytes
+
+    async def _drop(self, move: Move, reason: str, after: list[asyncio.Task[None]]) -> None:
+        started_s = self._time.clock()
+        key = (move.model, move.device)
+        await asyncio.gather(*after, return_exceptions=True)
+        model = self._models.get(move.model)
+        replica = self._replicas.get(key)
+        if model is None or replica is None or replica.worker is None:
+            self._record(move, reason, started_s, "skipped: replica gone")
+            return
+        others = sum(1 for (name, _), r in self._replicas.items() if name == move.model
+                     and r.state is ReplicaState.SERVING and r is not replica)
+        floor = floor_replicas(model.template,
+                               0.0 if self._idle(move.model, self._time.clock()) else 1.0)
+        if others < floor:
+            self._record(move, reason, started_s,
+                         f"skipped: it would leave {others} replicas in routing, under {floor}")
+            return
+        replica.state = ReplicaState.DRAINING
+        await model.balancer.remove_replica(replica.worker)
+        self._replicas.pop(key, None)
+        self._record(move, reason, started_s, "done")
+
+    # -- a model with no replica ------------------------------------------------------------
+
+    def _on_demand(self, name: str) -> None:
+        model = self._models.get(name)
+        if model is None or self._closing or any(key[0] == name for key in self._replicas):
+            return
+        now_s = self._time.clock()
+        moves = self._on_demand_moves(name)
+        if moves is None:
+            if model.waiting_since_s is None:
+                model.waiting_since_s = now_s
+                model.balancer.expect_replica()  # the requests wait for memory to free up
+                logger.warning("placement: no device has memory for %s now", name)
+            elif now_s - model.waiting_since_s > self.settings.on_demand_wait_s:
+                model.waiting_since_s = None
+                model.balancer.cancel_expected()
+            return
+        model.balancer.expect_replica()
+        # Not held to the budget: requests are waiting on this load.
+        self.carry_out([(move, "demand") for move in moves], budgeted=False)
+
+    def _on_demand_moves(self, name: str) -> list[Move] | None:
+        """Load ``name`` where it would serve fastest among the devices it fits on, after
+        evicting the least recently used idle models there if it must; None if it fits
+        nowhere now."""
+        profile = self._models[name].template
+        profiles = self.profiles()
+        best: tuple[int, float, list[Move]] | None = None
+        for device in self.devices:
+            if not profile.allowed_on(device.name):
+                continue
+            here = [n for (n, where) in self._replicas if where == device.name]
+            free = device.memory_bytes - sum(self._models[n].template.memory_bytes
+                                             for n in here if n in self._models)
+            evictable = sorted((n for n in here if self._evictable(n, device.name)),
+                               key=lambda n: self._models[n].demand.last_arrival_s)
+            evict: list[str] = []
+            while free < profile.memory_bytes and evictable:
+                victim = evictable.pop(0)
+                evict.append(victim)
+                free += self._models[victim].template.memory_bytes
+            if free < profile.memory_bytes:
+                continue
+            rate = rate_within_per_s(profiles[name].costs[device.name], profile.slo_s,
+                                     profile.max_batch)
+            moves = [Move("drop", n, device.name) for n in evict] + [
+                Move("add", name, device.name)]
+            if best is None or (len(evict), -rate) < (best[0], -best[1]):
+                best = (len(evict), rate, moves)
+        return None if best is None else best[2]
+
+    def _evictable(self, name: str, device: str) -> bool:
+        """An idle model's replica, unpinned there, above its configured minimum."""
+        model = self._models.get(name)
+        replica = self._replicas.get((name, device))
+        if model is None or replica is None or replica.state is not ReplicaState.SERVING:
+            return False
+        if device in model.template.pinned:
+            return False
+        count = sum(1 for (n, _) in self._replicas if n == name)
+        return self._idle(name, self._time.clock()) and count > model.template.min_replicas
+
+    def _idle(self, name: str, now_s: float) -> bool:
+        """Nothing in flight, and no request for ``idle_s``."""
+        model = self._models[name]
+        model.demand.observe(model.balancer.counters.arrived_samples, now_s)
+        return not model.balancer.admitted_requests and \
+            model.demand.idle_for_s(now_s) >= self.settings.idle_s
+
+    # -- readers --------------------------------------------------------------------------
+
+    def snapshot(self) -> PlacementSnapshot:
+        return PlacementSnapshot(
+            mode=self.mode,
+            replicas=tuple(sorted((r.model, r.device, r.state.value)
+                                  for r in self._replicas.values())),
+            moves=dict(self._counts), recent=tuple(self._recent),
+            demand_per_s={n: m.demand.short_per_s for n, m in self._models.items()})

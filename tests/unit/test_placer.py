@@ -1,0 +1,225 @@
+"""The placer on live balancers with fakes and a fake clock: moves load first and drain after,
+memory is never exceeded while they run, a model always keeps a replica in routing, idle models
+are evicted least recently used first, and a request for a model being loaded waits within its
+deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from evenflow.balancer import BalancerConfig, DeadlineExceeded, ModelBalancer, WorkerLost
+from evenflow.balancer.capacity import DeviceCost
+from evenflow.balancer.ledger import DeviceLedger
+from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile
+from evenflow.balancer.placement.moves import Move
+from evenflow.balancer.placement.placer import Placer, PlacerSettings
+from evenflow.balancer.placement.view import PlacerView, Static
+from evenflow.balancer.timebase import sleep_s
+from tests.fakes import FakeWorker
+from tests.unit.balancer_fakes import FakeTime, answered, settle
+
+GIB = 2**30
+DEVICES = [DeviceInfo("d0", 16 * GIB), DeviceInfo("d1", 8 * GIB)]
+LOAD_S = 2.0
+
+
+class Loader:
+    """Loads in ``LOAD_S`` of fake time, and fails where it is told to."""
+
+    def __init__(self, time: FakeTime) -> None:
+        self.time = time
+        self.fail: set[tuple[str, str]] = set()
+        self.loaded: list[tuple[str, str]] = []
+
+    async def load(self, model: str, device: str) -> FakeWorker:
+        await sleep_s(self.time, LOAD_S)
+        if (model, device) in self.fail:
+            raise RuntimeError("out of memory while loading")
+        self.loaded.append((model, device))
+        return FakeWorker(f"{model}@{device}", devices=(device,))
+
+
+def profile(name: str, memory_gib: float, min_replicas: int = 0) -> ModelProfile:
+    return ModelProfile(name, int(memory_gib * GIB),
+                        {d.name: DeviceCost(0.01, 0.001, 1.0) for d in DEVICES}, 16, 0.05,
+                        LOAD_S, min_replicas)
+
+
+class Scripted:
+    """A strategy that proposes what the test queued, once."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[Move, str]] = []
+
+    def moves(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
+        moves, self.queued = self.queued, []
+        return moves
+
+
+class World:
+    def __init__(self, time: FakeTime) -> None:
+        self.time = time
+        self.ledger = DeviceLedger()
+        self.loader = Loader(time)
+        self.strategy = Scripted()
+        self.placer = Placer(devices=DEVICES, speeds={}, loader=self.loader,
+                             strategy=self.strategy, time_source=time,
+                             settings=PlacerSettings(on_demand_wait_s=5.0))
+        self.balancers: dict[str, ModelBalancer] = {}
+        self.placer.start()  # its ticks run on the fake clock
+
+    def model(self, name: str, memory_gib: float, on: Sequence[str] = (),
+              min_replicas: int = 0) -> ModelBalancer:
+        workers = {d: FakeWorker(f"{name}@{d}", devices=(d,)) for d in on}
+        balancer = ModelBalancer(model_name=name, workers=list(workers.values()),
+                                 config=BalancerConfig(max_wait_s=0.0), clock=self.time,
+                                 ledger=self.ledger,
+                                 on_no_replica=self.placer.no_replica_callback(name))
+        balancer.start()
+        self.balancers[name] = balancer
+        self.placer.add_model(profile(name, memory_gib, min_replicas),
+                              DeviceCost(0.01, 0.001), balancer, workers)
+        return balancer
+
+    async def run_for(self, seconds: float, step_s: float = 0.05) -> None:
+        """Move time on, checking the memory held on every device at each step."""
+        for _ in range(int(seconds / step_s)):
+            await settle()
+            for device in DEVICES:
+                held = sum(self.placer.profiles()[m].memory_bytes
+                           for m, d, _ in self.placer.snapshot().replicas if d == device.name)
+                assert held <= device.memory_bytes, (device.name, self.placer.snapshot())
+            self.time.advance(step_s)
+        await settle()
+
+    def serving(self, name: str) -> list[str]:
+        return sorted(d for m, d, state in self.placer.snapshot().replicas
+                      if m == name and state == "serving")
+
+    async def close(self) -> None:
+        await self.placer.close()
+        for balancer in self.balancers.values():
+            await balancer.close()
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    made = World(FakeTime())
+    yield made
+    await made.close()
+
+
+async def test_a_swap_loads_first_and_never_leaves_the_model_without_a_replica(
+        world: World) -> None:
+    a = world.model("a", 6, on=("d0",))
+    world.model("b", 6, on=("d1",))
+    # Move a from d0 to d1: b must leave d1 first (memory), and a's drop on d0 must wait for
+    # its new replica on d1 to be in routing.
+    world.placer.carry_out([(Move("drop", "b", "d1"), "plan"), (Move("add", "a", "d1"), "plan"),
+                            (Move("drop", "a", "d0"), "plan")])
+    answers = []
+    for _ in range(40):  # requests keep coming through the whole move
+        answers.append(a.submit("x", 1))
+        await world.run_for(0.1)
+        assert a.serving, world.placer.snapshot()
+    assert world.serving("a") == ["d1"]
+    assert await answered(world.time, *answers) == [("out", "x")] * 40
+    # b was idle, so it could be dropped to make room (it loads again on demand).
+    assert world.serving("b") == []
+
+
+async def test_a_drop_that_would_leave_a_busy_model_without_a_replica_is_skipped(
+        world: World) -> None:
+    a = world.model("a", 4, on=("d0",))
+    pending = a.submit("x", 1)
+    world.placer.carry_out([(Move("drop", "a", "d0"), "plan")])
+    await world.run_for(0.5)
+    assert world.serving("a") == ["d0"]
+    assert await answered(world.time, pending) == [("out", "x")]
+    recent = world.placer.snapshot().recent
+    assert recent[-1].outcome.startswith("skipped")
+
+
+async def test_memory_is_never_exceeded_while_moves_run(world: World) -> None:
+    world.model("a", 9, on=("d0",))
+    world.model("b", 6, on=("d0",))
+    world.model("c", 7, on=("d1",))
+    # Too much at once for d0: the placer must hold the add until the drop frees memory.
+    world.placer.carry_out([(Move("add", "c", "d0"), "plan")])
+    await world.run_for(3.0)
+    assert "d0" not in world.serving("c")  # 9 + 6 + 7 > 16: skipped, not squeezed in
+    world.placer.carry_out([(Move("drop", "b", "d0"), "plan"), (Move("add", "c", "d0"), "plan")])
+    await world.run_for(3.0)
+    assert world.serving("c") == ["d0", "d1"]
+
+
+async def test_a_request_for_a_model_with_no_replica_waits_for_its_load(world: World) -> None:
+    cold = world.model("cold", 4)
+    future = cold.submit("x", 1)  # parks; the placer starts a load at once
+    await world.run_for(LOAD_S / 2)
+    assert not future.done()
+    assert [m for m, _, state in world.placer.snapshot().replicas] == ["cold"]
+    assert await answered(world.time, future) == [("out", "x")]
+    assert world.serving("cold") == ["d0"]  # the faster-loading, roomier of equal devices
+
+
+async def test_a_parked_request_whose_deadline_passes_during_the_load_fails_then(
+        world: World) -> None:
+    cold = world.model("cold", 4)
+    soon = cold.submit("x", 1, deadline_s=world.time.now_s + 0.5)
+    late = cold.submit("y", 1, deadline_s=world.time.now_s + 10.0)
+    await world.run_for(0.45)
+    assert not soon.done()
+    await world.run_for(0.1)
+    assert isinstance(soon.exception(), DeadlineExceeded)
+    assert await answered(world.time, late) == [("out", "y")]
+
+
+async def test_idle_models_are_evicted_least_recently_used_first(world: World) -> None:
+    older = world.model("older", 8, on=("d0",))
+    newer = world.model("newer", 8, on=("d0",))
+    world.model("small", 8, on=("d1",))
+    for balancer in (older, newer):
+        await answered(world.time, balancer.submit("x", 1))
+        await world.run_for(1.0)  # older was used a second before newer
+    await world.run_for(5.0)  # both idle now
+    cold = world.model("cold", 8)
+    future = cold.submit("x", 1)
+    assert await answered(world.time, future, limit_s=10.0) == [("out", "x")]
+    assert world.serving("cold") == ["d0"]
+    assert world.serving("older") == [] and world.serving("newer") == ["d0"]
+    # older comes back on demand, evicting the least recently used idle one again.
+    await world.run_for(5.0)
+    assert await answered(world.time, older.submit("y", 1), limit_s=10.0) == [("out", "y")]
+
+
+async def test_a_failed_load_fails_the_parked_requests_and_frees_the_memory(
+        world: World) -> None:
+    cold = world.model("cold", 4)
+    world.loader.fail = {("cold", "d0")}
+    future = cold.submit("x", 1)
+    await world.run_for(LOAD_S + 0.5)
+    assert isinstance(future.exception(), WorkerLost)
+    assert world.placer.snapshot().replicas == ()
+
+
+async def test_a_model_that_fits_nowhere_waits_then_fails(world: World) -> None:
+    world.model("big", 15, on=("d0",), min_replicas=1)
+    await answered(world.time, world.balancers["big"].submit("x", 1))
+    huge = world.model("huge", 12)
+    future = huge.submit("x", 1, deadline_s=math.inf)
+    await world.run_for(4.0)
+    assert not future.done()  # waits for memory, up to on_demand_wait_s
+    await world.run_for(2.0)
+    assert isinstance(future.exception(), WorkerLost)
+
+
+async def test_static_strategy_makes_no_moves(world: World) -> None:
+    placer = Placer(devices=DEVICES, speeds={}, loader=world.loader, strategy=Static(),
+                    time_source=world.time)
+    assert Static().moves(placer.view()) == ()
+    await asyncio.sleep(0)
