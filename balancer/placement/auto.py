@@ -19,10 +19,13 @@ class AutoSettings:
     """``plan_interval_s``: how often the planner runs while nothing is moving. ``big_change``:
     a model's share of the total demand moving by this much (absolute), or the total by this
     factor, plans once the demand window holds only the new mix (``settle_s``, the demand
-    meter's short window). ``tuner_pause_s``: after a plan's moves, how long the tuner waits
-    before its signal means anything again."""
+    meter's short window). ``periodic_min_gain``: the gain a periodic plan's moves must bring
+    (the demand has not changed much, so a move then is mostly estimation noise, and each costs
+    its model a replica's capacity for a load time). ``tuner_pause_s``: after a plan's moves,
+    how long the tuner waits before its signal means anything again."""
 
     plan_interval_s: float = 10.0
+    periodic_min_gain: float = 0.2
     big_change: float = 0.15
     settle_s: float = 2.0
     tuner_pause_s: float = 5.0
@@ -68,21 +71,21 @@ class AutoStrategy:
             if self._changed_at_s is None:
                 self._changed_at_s = now_s
             if now_s - self._changed_at_s >= self.settings.settle_s:
-                return self._plan(view)
+                return self._plan(view, self.settings.planner.min_gain)
             return ()  # the window still holds some of the old mix
         self._changed_at_s = None
         if view.moves_in_flight:
             return ()
         if now_s - self._planned_at_s >= self.settings.plan_interval_s:
-            return self._plan(view)
+            return self._plan(view, self.settings.periodic_min_gain)
         if now_s - self._moved_at_s >= self.settings.tuner_pause_s:
             return self._tune(view)
         return ()
 
-    def _plan(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
+    def _plan(self, view: PlacerView, min_gain: float) -> Sequence[tuple[Move, str]]:
         self._planned_at_s, self._planned_for = view.now_s, dict(view.demand_per_s)
         self._changed_at_s = None
-        settings = replace(self.settings.planner,
+        settings = replace(self.settings.planner, min_gain=min_gain,
                            max_moves=min(self.settings.planner.max_moves, view.moves_left))
         plan = propose(view.placement, view.devices, view.profiles, view.demand_per_s,
                        settings)

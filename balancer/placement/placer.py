@@ -207,8 +207,7 @@ class Placer:
             now_s=now_s, devices=self.devices, profiles=self.profiles(),
             placement=self._placement(*ReplicaState), serving=self._placement(
                 ReplicaState.SERVING),
-            demand_per_s={n: 0.0 if self._idle(n, now_s) else m.demand.short_per_s
-                          for n, m in self._models.items()},
+            demand_per_s={n: self._demand_per_s(n, now_s) for n in self._models},
             long_demand_per_s={n: m.demand.long_per_s for n, m in self._models.items()},
             mean_work_s=mean_work, moves_left=self._budget.left(now_s),
             moves_in_flight=len(self._tasks))
@@ -324,8 +323,7 @@ class Placer:
             return
         others = sum(1 for (name, _), r in self._replicas.items() if name == move.model
                      and r.state is ReplicaState.SERVING and r is not replica)
-        floor = floor_replicas(model.template,
-                               0.0 if self._idle(move.model, self._time.clock()) else 1.0)
+        floor = floor_replicas(model.template, self._demand_per_s(move.model, self._time.clock()))
         if others < floor:
             self._record(move, reason, started_s,
                          f"skipped: it would leave {others} replicas in routing, under {floor}")
@@ -396,6 +394,15 @@ class Placer:
             return False
         count = sum(1 for (n, _) in self._replicas if n == name)
         return self._idle(name, self._time.clock()) and count > model.template.min_replicas
+
+    def _demand_per_s(self, name: str, now_s: float) -> float:
+        """The demand the strategy plans for, and the drops are checked against: 0 for an idle
+        model; else the short window's rate, or the long one's while the short window happens
+        to hold no request (a model with sparse requests is not idle, so it keeps a replica)."""
+        if self._idle(name, now_s):
+            return 0.0
+        meter = self._models[name].demand
+        return meter.short_per_s or max(meter.long_per_s, 1e-9)
 
     def _idle(self, name: str, now_s: float) -> bool:
         """Nothing in flight, and no request for ``idle_s``."""
