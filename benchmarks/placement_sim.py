@@ -211,8 +211,8 @@ class _Serving:
     """A scenario's devices, models and placer, started from the first phase's best
     placement."""
 
-    def __init__(self, scenario: Scenario, strategy_name: str, slo_s: float,
-                 seed: int) -> None:
+    def __init__(self, scenario: Scenario, strategy_name: str, slo_s: float, seed: int,
+                 start: Placement | None = None) -> None:
         from benchmarks.placement_bound import first_phase_placement
 
         loop = asyncio.get_running_loop()
@@ -223,7 +223,7 @@ class _Serving:
         ledger = DeviceLedger()
         config = BalancerConfig(latency_target_s=slo_s, slo_s=slo_s,
                                 max_batch=scenario.max_batch, max_queued_requests=100_000)
-        start = first_phase_placement(scenario, slo_s)
+        start = first_phase_placement(scenario, slo_s) if start is None else start
         self.balancers: dict[str, ModelBalancer] = {}
         profiles = scenario.profiles(slo_s)
         self.placer = Placer(
@@ -252,12 +252,14 @@ class _Serving:
 
 
 async def run_scenario(scenario: Scenario, strategy_name: str, slo_s: float, rate_per_s: float,
-                       seed: int, settle_s: float, warmup_s: float = 10.0) -> Run:
-    """One open-loop run: ``warmup_s`` at the first phase's mix (every strategy starts from the
-    static placement sized for it, which the warm-up lets settle), then the phases. Requests
-    of one sample each, Poisson arrivals, each request's model drawn from its phase's mix."""
+                       seed: int, settle_s: float, warmup_s: float = 10.0,
+                       start: Placement | None = None) -> Run:
+    """One open-loop run: ``warmup_s`` at the first phase's mix, then the phases. Every
+    strategy starts from ``start``, by default the static placement sized for the first phase
+    (the warm-up lets it settle). Requests of one sample each, Poisson arrivals, each
+    request's model drawn from its phase's mix."""
     loop = asyncio.get_running_loop()
-    serving = _Serving(scenario, strategy_name, slo_s, seed)
+    serving = _Serving(scenario, strategy_name, slo_s, seed, start)
     phases = [Phase(warmup_s, scenario.phases[0].mix), *scenario.phases]
     bounds_s = [loop.time()]
     for phase in phases:
