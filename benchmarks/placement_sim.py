@@ -137,7 +137,7 @@ class SimLoader:
         self._gpus = gpus
         self.loads = 0
 
-    async def load(self, model: str, device: str) -> SimReplica:
+    async def load_replica(self, model: str, device: str) -> SimReplica:
         spec = self._models[model]
         await asyncio.sleep(spec.load_s)
         self.loads += 1

@@ -139,15 +139,73 @@ class DeviceStats(_message.Message):
     temperature_c: int
     def __init__(self, name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., throttle_reasons: _Optional[int] = ..., temperature_c: _Optional[int] = ...) -> None: ...
 
+class PlacedReplica(_message.Message):
+    __slots__ = ("model", "device", "state")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    device: str
+    state: str
+    def __init__(self, model: _Optional[str] = ..., device: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class PlacementMove(_message.Message):
+    __slots__ = ("at_s", "kind", "model", "device", "reason", "took_s", "outcome")
+    AT_S_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TOOK_S_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    at_s: float
+    kind: str
+    model: str
+    device: str
+    reason: str
+    took_s: float
+    outcome: str
+    def __init__(self, at_s: _Optional[float] = ..., kind: _Optional[str] = ..., model: _Optional[str] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., took_s: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
+
+class Placement(_message.Message):
+    __slots__ = ("mode", "replicas", "moves", "recent", "demand_per_s")
+    class MovesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class DemandPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    RECENT_FIELD_NUMBER: _ClassVar[int]
+    DEMAND_PER_S_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    replicas: _containers.RepeatedCompositeFieldContainer[PlacedReplica]
+    moves: _containers.ScalarMap[str, int]
+    recent: _containers.RepeatedCompositeFieldContainer[PlacementMove]
+    demand_per_s: _containers.ScalarMap[str, float]
+    def __init__(self, mode: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[PlacedReplica, _Mapping]]] = ..., moves: _Optional[_Mapping[str, int]] = ..., recent: _Optional[_Iterable[_Union[PlacementMove, _Mapping]]] = ..., demand_per_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
 class GetStatsResponse(_message.Message):
-    __slots__ = ("uptime_s", "models", "devices")
+    __slots__ = ("uptime_s", "models", "devices", "placement")
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    PLACEMENT_FIELD_NUMBER: _ClassVar[int]
     uptime_s: float
     models: _containers.RepeatedCompositeFieldContainer[ModelBalancerStats]
     devices: _containers.RepeatedCompositeFieldContainer[DeviceStats]
-    def __init__(self, uptime_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelBalancerStats, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceStats, _Mapping]]] = ...) -> None: ...
+    placement: Placement
+    def __init__(self, uptime_s: _Optional[float] = ..., models: _Optional[_Iterable[_Union[ModelBalancerStats, _Mapping]]] = ..., devices: _Optional[_Iterable[_Union[DeviceStats, _Mapping]]] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
 
 class SetDeviceSpeedRequest(_message.Message):
     __slots__ = ("device", "speed")

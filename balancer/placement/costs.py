@@ -20,6 +20,9 @@ class CostBook:
         self._speeds = dict(device_speeds)
         self._measured: dict[tuple[str, str], DeviceCost] = {}
 
+    def set_speed(self, device: str, speed: float) -> None:
+        self._speeds[device] = speed
+
     def observe(self, model: str, device: str, base_s: float, per_sample_s: float) -> None:
         self._measured[(model, device)] = DeviceCost(base_s, per_sample_s)
 

@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 
 
 class ReplicaLoader(Protocol):
-    async def load(self, model: str, device: str) -> Worker:
+    async def load_replica(self, model: str, device: str) -> Worker:
         """A warmed-up worker for ``model`` on ``device`` (the placer owns it from then)."""
         ...
 
@@ -132,6 +132,7 @@ class Placer:
             maxlen=settings.recent_moves)
         self._loop_task: asyncio.Task[None] | None = None
         self._closing = False
+        self._held: collections.Counter[str] = collections.Counter()  # bytes, by device
 
     # -- models ---------------------------------------------------------------------------
 
@@ -143,6 +144,41 @@ class Placer:
         for device, worker in workers.items():
             self._replicas[(template.name, device)] = PlacedReplica(
                 template.name, device, ReplicaState.SERVING, now_s, worker)
+
+    def free_bytes(self) -> dict[str, int]:
+        """Each device's memory not held by a replica (loading, serving or draining) or by a
+        load outside the placer (``hold``)."""
+        return {d.name: d.memory_bytes - self._used_bytes(d.name) for d in self.devices}
+
+    def _used_bytes(self, device: str) -> int:
+        return self._held[device] + sum(self._models[name].template.memory_bytes
+                                        for (name, where) in self._replicas
+                                        if where == device and name in self._models)
+
+    def hold(self, device: str, memory_bytes: int) -> None:
+        """Reserve memory for a replica built outside the placer (a model's first replicas,
+        loaded by the engine), until ``release``."""
+        self._held[device] += memory_bytes
+
+    def release(self, device: str, memory_bytes: int) -> None:
+        self._held[device] -= memory_bytes
+
+    def set_load_s(self, name: str, load_s: float) -> None:
+        """A replica of ``name`` took ``load_s`` to load and warm up (the planner's load
+        time)."""
+        model = self._models.get(name)
+        if model is not None:
+            model.template = replace(model.template, load_s=load_s)
+
+    def add_device(self, device: DeviceInfo, speed: float) -> None:
+        self.devices.append(device)
+        self._costs.set_speed(device.name, speed)
+
+    def remove_device(self, name: str) -> None:
+        """The device left (its replicas were removed by their balancers)."""
+        self.devices = [d for d in self.devices if d.name != name]
+        for key in [key for key in self._replicas if key[1] == name]:
+            del self._replicas[key]
 
     def forget_model(self, name: str) -> None:
         """The model was unloaded (its balancer closed its workers): its memory is free."""
@@ -183,8 +219,8 @@ class Placer:
 
     def profiles(self) -> dict[str, ModelProfile]:
         return {name: replace(model.template, costs={
-            d.name: self._costs.cost(name, d.name, model.prior) for d in self.devices
-            if model.template.allowed_on(d.name)}) for name, model in self._models.items()}
+            d.name: self._costs.cost(name, d.name, model.prior) for d in self.devices})
+            for name, model in self._models.items()}
 
     def _placement(self, *states: ReplicaState) -> Placement:
         return frozenset(key for key, r in self._replicas.items() if r.state in states)
@@ -283,7 +319,7 @@ class Placer:
         if not balancer.serving:
             balancer.expect_replica()
         try:
-            worker = await self._loader.load(move.model, move.device)
+            worker = await self._loader.load_replica(move.model, move.device)
         except Exception as exc:
             self._replicas.pop(key, None)
             if not balancer.serving and not self._loading(move.model):
@@ -306,11 +342,8 @@ class Placer:
 
     def _fits(self, move: Move) -> bool:
         """Whether the device has the memory for ``move``'s replica, counting itself."""
-        device = next(d for d in self.devices if d.name == move.device)
-        used = sum(self._models[name].template.memory_bytes
-                   for (name, where) in self._replicas if where == move.device
-                   and name in self._models)
-        return used <= device.memory_bytes
+        device = next((d for d in self.devices if d.name == move.device), None)
+        return device is not None and self._used_bytes(move.device) <= device.memory_bytes
 
     async def _drop(self, move: Move, reason: str, after: list[asyncio.Task[None]]) -> None:
         started_s = self._time.clock()
@@ -365,8 +398,7 @@ class Placer:
             if not profile.allowed_on(device.name):
                 continue
             here = [n for (n, where) in self._replicas if where == device.name]
-            free = device.memory_bytes - sum(self._models[n].template.memory_bytes
-                                             for n in here if n in self._models)
+            free = device.memory_bytes - self._used_bytes(device.name)
             evictable = sorted((n for n in here if self._evictable(n, device.name)),
                                key=lambda n: self._models[n].demand.last_arrival_s)
             evict: list[str] = []

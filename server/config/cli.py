@@ -16,7 +16,7 @@ from typing import Any
 
 from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.config.deployment_file import ConfigError, file_defaults, load
-from evenflow.server.config.server_config import DTYPES, PARTITIONS, ServerConfig
+from evenflow.server.config.server_config import DTYPES, PARTITIONS, PLACEMENTS, ServerConfig
 from evenflow.server.edge import event_loop
 from evenflow.server.models.builtin import ENCODER_SIZES
 from evenflow.server.models.repository import parse_model_arg
@@ -55,6 +55,16 @@ def _port_or_off(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a port number or off: {text!r}") from None
 
 
+def _memory(text: str) -> dict[str, str]:
+    pairs = {}
+    for part in _names(text):
+        device, sep, size = part.partition("=")
+        if not sep or not device or not size:
+            raise argparse.ArgumentTypeError(f"expected DEVICE=SIZE pairs: {text!r}")
+        pairs[device.strip()] = size.strip()
+    return pairs
+
+
 def _names(text: str) -> list[str]:
     return [part.strip() for part in text.split(",")]
 
@@ -82,6 +92,12 @@ FLAGS: dict[str, list[Flag]] = {
              "batches (sizes 1 up to --max-batch) each replica runs before its model is "
              "READY, kept out of the latency fit and the statistics; 0: none", int),
         Flag("--no-warmup", "devices.warmup_batches", "skip the warm-up batches", const=0),
+        Flag("--placement", "server.placement",
+             "all: every model a replica on every device; auto: replicas placed and moved "
+             "within each device's memory as the demand changes", choices=PLACEMENTS),
+        Flag("--device-memory", "devices.memory",
+             "memory replicas may use per device, e.g. sim0=16GiB,sim2=8GiB (default: a GPU's "
+             "total less a tenth, the machine's RAM for cpu, no limit for sim)", _memory),
         Flag("--encoder-size", "builtins.encoder_size",
              "built-in encoder size (bert-base: 12 layers, 768 wide, seq 128)",
              choices=tuple(sorted(ENCODER_SIZES))),

@@ -7,8 +7,8 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
 
     [server]     host, port, max_message_bytes, max_tensor_elements, shutdown_grace_s,
                  gil_switch_interval_us, http_port, metrics_port, log_level, log_format,
-                 frontends, workers, ray_address, ray_placement_timeout_s
-    [devices]    list, cpu_threads, dtype, warmup_batches
+                 frontends, workers, ray_address, ray_placement_timeout_s, placement
+    [devices]    list, cpu_threads, dtype, warmup_batches, memory (device name -> "16GiB")
     [security]   admin, allow_any_model_source, tls_cert, tls_key, tls_client_ca,
                  auth_token_file, auth_groups
     [builtins]   encoder_size, sim_base_ms, sim_per_sample_ms, sim_layer_ms
@@ -17,7 +17,9 @@ with the key, the value and the reason, all problems at once (``ConfigError``).
                  max_queue_delay_ms, work_stealing, late_binding, watchdog_s, watchdog_floor_s,
                  priority_levels,
                  default_priority_level, pipeline_stages, pipeline_partition, repartition
-    [models.NAME] source (required), load, inputs, outputs, and any [balancing] key
+    [models.NAME] source (required), load, inputs, outputs, min_replicas, max_replicas,
+                 pinned, memory_gib, sim_base_ms, sim_per_sample_ms, sim_load_ms, and any
+                 [balancing] key
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.config.server_config import (
     DTYPES,
     PARTITIONS,
+    PLACEMENTS,
     WORKER_HOSTS,
     ModelConfig,
     PipelineConfig,
@@ -44,7 +47,7 @@ from evenflow.server.edge.datatypes import WIRE_TYPES
 from evenflow.server.models.builtin import ENCODER_SIZES
 from evenflow.server.models.exported import EXPORTED_SUFFIX
 from evenflow.server.models.repository import BUILTIN_MODELS, TORCHSCRIPT_SUFFIXES
-from evenflow.server.models.spec import TensorSpec
+from evenflow.server.models.spec import SimProfile, TensorSpec
 from evenflow.server.workers.devices import parse_devices
 
 Port = Annotated[int, Field(ge=0, le=65535)]
@@ -73,6 +76,7 @@ class ServerSection(_Section):
     workers: Literal[WORKER_HOSTS] | None = None  # type: ignore[valid-type]
     ray_address: str | None = None
     ray_placement_timeout_s: PositiveFloat | None = None
+    placement: Literal[PLACEMENTS] | None = None  # type: ignore[valid-type]
 
 
 class DevicesSection(_Section):
@@ -81,6 +85,14 @@ class DevicesSection(_Section):
     cpu_threads: Positive | None = None
     dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
     warmup_batches: NonNegative | None = None
+    memory: dict[str, str] | None = None
+
+    @field_validator("memory")
+    @classmethod
+    def _sizes(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for size in (value or {}).values():
+            parse_size_bytes(size)
+        return value
 
     @field_validator("names")
     @classmethod
@@ -156,6 +168,13 @@ class TensorSection(_Section):
 class ModelSection(BalancingSection):
     source: Annotated[str, Field(min_length=1)]
     load: bool | None = None
+    min_replicas: NonNegative | None = None
+    max_replicas: Positive | None = None
+    pinned: list[str] | None = None
+    memory_gib: PositiveFloat | None = None
+    sim_base_ms: NonNegativeFloat | None = None
+    sim_per_sample_ms: NonNegativeFloat | None = None
+    sim_load_ms: NonNegativeFloat | None = None
     inputs: list[TensorSection] | None = None
     outputs: list[TensorSection] | None = None
 
@@ -250,6 +269,23 @@ def _cross_checks(settings: Settings) -> list[Problem]:
             "security.tls_client_ca", security.tls_client_ca,
             "mutual TLS needs the server's own tls_cert and tls_key")
     devices = settings.devices.names
+    known = {d.name for d in parse_devices(",".join(devices))} if devices else None
+    for device in settings.devices.memory or {}:
+        if known is not None and device not in known:
+            problems[f"devices.memory.{device}"] = Problem(
+                f"devices.memory.{device}", _MISSING, f"no such device in devices.list "
+                f"({', '.join(sorted(known))})")
+    for name, section in settings.models.items():
+        for device in section.pinned or ():
+            if known is not None and device not in known:
+                problems[f"models.{name}.pinned"] = Problem(
+                    f"models.{name}.pinned", section.pinned, f"no device {device!r} in "
+                    f"devices.list ({', '.join(sorted(known))})")
+        if section.min_replicas is not None and section.max_replicas is not None and \
+                section.min_replicas > section.max_replicas:
+            problems[f"models.{name}.min_replicas"] = Problem(
+                f"models.{name}.min_replicas", section.min_replicas,
+                f"must not exceed max_replicas ({section.max_replicas})")
     defaults = settings.balancing
     for name, model in [("balancing", defaults),
                         *((f"models.{n}", m) for n, m in settings.models.items())]:
@@ -320,9 +356,10 @@ def file_defaults() -> dict[str, dict[str, Any]]:
                    "log_level": config.log_level,
                    "log_format": config.log_format, "frontends": config.frontends,
                    "workers": config.workers, "ray_address": config.ray_address,
-                   "ray_placement_timeout_s": config.ray_placement_timeout_s},
+                   "ray_placement_timeout_s": config.ray_placement_timeout_s,
+                   "placement": config.placement},
         "devices": {"list": None, "cpu_threads": config.cpu_threads, "dtype": config.dtype,
-                    "warmup_batches": config.warmup_batches},
+                    "warmup_batches": config.warmup_batches, "memory": None},
         "security": {"admin": config.admin,
                      "allow_any_model_source": config.allow_any_model_source,
                      "tls_cert": None, "tls_key": None, "tls_client_ca": None,
@@ -386,7 +423,14 @@ def to_server_config(settings: Settings) -> ServerConfig:
                     pipeline=_pipeline(model, pipeline),
                     inputs=tuple(t.spec() for t in model.inputs) if model.inputs else None,
                     outputs=tuple(t.spec() for t in model.outputs) if model.outputs else None,
-                    **_set(load_at_start=model.load))
+                    pinned=tuple(model.pinned or ()),
+                    sim_profile=_sim_profile(model),
+                    **_set(load_at_start=model.load, min_replicas=model.min_replicas,
+                           max_replicas=model.max_replicas,
+                           memory_bytes=int(model.memory_gib * 2**30)
+                           if model.memory_gib is not None else None,
+                           sim_load_s=model.sim_load_ms / 1000.0
+                           if model.sim_load_ms is not None else None))
         for name, model in settings.models.items())
     defaults = ServerConfig()
     sim_profile = dataclasses.replace(
@@ -406,6 +450,9 @@ def to_server_config(settings: Settings) -> ServerConfig:
                frontends=server.frontends, workers=server.workers,
                ray_address=server.ray_address,
                ray_placement_timeout_s=server.ray_placement_timeout_s,
+               placement=server.placement,
+               device_memory_bytes={d: parse_size_bytes(v) for d, v in devices.memory.items()}
+               if devices.memory else None,
                gil_switch_interval_s=server.gil_switch_interval_us / 1e6
                if server.gil_switch_interval_us is not None else None,
                cpu_threads=devices.cpu_threads, dtype=devices.dtype,
@@ -419,6 +466,30 @@ def to_server_config(settings: Settings) -> ServerConfig:
                models=models or None))
     # "off" is the one key whose value turns something off rather than leaving it unset.
     return dataclasses.replace(config, http_port=None) if server.http_port == "off" else config
+
+
+def _sim_profile(model: ModelSection) -> SimProfile | None:
+    if model.sim_base_ms is None and model.sim_per_sample_ms is None:
+        return None
+    return dataclasses.replace(SimProfile(), **_set(base_ms=model.sim_base_ms,
+                                                    per_sample_ms=model.sim_per_sample_ms))
+
+
+_UNITS = {"gib": 2**30, "mib": 2**20, "kib": 2**10, "gb": 10**9, "mb": 10**6, "kb": 10**3,
+          "b": 1, "": 1}
+
+
+def parse_size_bytes(text: str) -> int:
+    """``16GiB``, ``512MiB``, ``8GB`` or a number of bytes."""
+    number = text.strip().rstrip("BbIiKkMmGg")
+    unit = text.strip()[len(number):].lower()
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (e.g. 16GiB, 512MiB, 8GB)") from None
+    if unit not in _UNITS or value <= 0:
+        raise ValueError(f"{text!r} is not a size (e.g. 16GiB, 512MiB, 8GB)")
+    return int(value * _UNITS[unit])
 
 
 def _path(value: str | None) -> Path | None:

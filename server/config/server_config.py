@@ -5,17 +5,18 @@ help, the file's schema and the docs read them from these classes."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from evenflow.balancer import BalancerConfig
 from evenflow.server.models.repository import BuiltinOptions
-from evenflow.server.models.spec import TensorSpec
+from evenflow.server.models.spec import SimProfile, TensorSpec
 
 DTYPES = ("float32", "bfloat16", "float16")
 WORKER_HOSTS = ("thread", "process", "ray")
 PARTITIONS = ("optimal", "even")
+PLACEMENTS = ("all", "auto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,12 @@ class ModelConfig:
         inputs, outputs: the tensor spec, overriding the source's own (e.g. TorchScript's
             ``.json`` beside the file); None keeps the source's.
         load_at_start: load when the server starts; else it waits for a model-control load.
+        min_replicas, max_replicas, pinned: with ``--placement auto``, the bounds on its
+            replica count and the devices it always has a replica on; ``min_replicas = 0``
+            lets an idle model lose its replicas to others and load again on its next request.
+        memory_bytes: a replica's footprint for placement (None: measured when it loads).
+        sim_profile, sim_load_s: a ``sim`` model's batch cost (None: the server's
+            ``builtins``) and the load time its replicas simulate (slept before each is built).
     """
 
     name: str
@@ -52,6 +59,12 @@ class ModelConfig:
     inputs: tuple[TensorSpec, ...] | None = None
     outputs: tuple[TensorSpec, ...] | None = None
     load_at_start: bool = True
+    min_replicas: int = 1
+    max_replicas: int | None = None
+    pinned: tuple[str, ...] = ()
+    memory_bytes: int | None = None
+    sim_profile: SimProfile | None = None
+    sim_load_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +110,10 @@ class ServerConfig:
     tls_client_ca: also require client certificates signed by this CA (mutual TLS).
     auth_token_file: require ``authorization: Bearer TOKEN`` (the file's first line; else the
         EVENFLOW_AUTH_TOKEN environment variable, if set) on the RPC groups in ``auth_groups``.
+    placement: "all" (every model a replica on every device) or "auto" (the placer decides,
+        within each device's memory, from the measured demand: ``balancer.placement``).
+    device_memory_bytes: memory replicas may use, per device name; a device not named has
+        its GPU's total less a tenth, the machine's RAM (cpu), or no limit (sim).
     """
 
     host: str = "127.0.0.1"
@@ -128,6 +145,8 @@ class ServerConfig:
     tls_client_ca: Path | None = None
     auth_token_file: Path | None = None
     auth_groups: tuple[str, ...] = ("inference", "statistics", "model-control", "admin")
+    placement: str = "all"
+    device_memory_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         models = tuple(m if isinstance(m, ModelConfig) else ModelConfig(*m) for m in self.models)
@@ -137,6 +156,8 @@ class ServerConfig:
         object.__setattr__(self, "models", models)
         if self.frontends < 1:
             raise ValueError(f"frontends must be >= 1, not {self.frontends}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, not {self.placement!r}")
         if self.workers not in WORKER_HOSTS:
             raise ValueError(f"workers must be one of {WORKER_HOSTS}, not {self.workers!r}")
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from evenflow.balancer.placement.placer import PlacementSnapshot
 from evenflow.proto import evenflow_pb2_grpc, grpc_service_pb2_grpc
 from evenflow.server.config.server_config import ServerConfig
 from evenflow.server.edge.grpc_server import PortSettings, ServingPort, tls_files
@@ -133,7 +134,11 @@ class App:
     def _stats_servicer(self) -> StatsServicer:
         nvml = self._nvml
         return StatsServicer(models=self.models,
-                             gpu_samples=lambda: nvml.latest if nvml is not None else [])
+                             gpu_samples=lambda: nvml.latest if nvml is not None else [],
+                             placement=self._placement_snapshot)
+
+    def _placement_snapshot(self) -> PlacementSnapshot | None:
+        return None if self.manager is None else self.manager.placement_snapshot()
 
     def _services(self) -> list[tuple[Register, object]]:
         """The services besides inference, wherever the port is served."""
@@ -182,10 +187,11 @@ class App:
 
     def _health_changed(self) -> None:
         """A replica left or rejoined routing: health is NOT_SERVING while some model has no
-        replica in service (its requests would fail), SERVING again when every model has one."""
+        replica in service and none coming (its requests would fail), SERVING again when every
+        model has one, or will load one for its next request (``--placement auto``)."""
         if self._port is None or self._port.edge.draining:
             return
-        serving = all(model.balancer.serving for model in self.models)
+        serving = all(model.balancer.routable for model in self.models)
         if serving != self._serving:
             self._serving = serving
             if self._pool is not None:

@@ -17,6 +17,7 @@ import dataclasses
 import enum
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,8 +25,10 @@ from typing import Any
 from evenflow.balancer import ModelBalancer, Worker
 from evenflow.balancer.errors import ErrorCode, EvenflowError
 from evenflow.balancer.ledger import DeviceLedger
+from evenflow.balancer.placement.placer import PlacementSnapshot, Placer
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
+from evenflow.server.engine import placement
 from evenflow.server.engine.served import ModelTable, ServedModel
 from evenflow.server.engine.warmup import warm_up
 from evenflow.server.models.spec import ModelDefinition
@@ -101,6 +104,13 @@ class ModelManager:
         self._entries = {m.name: ModelEntry(m) for m in config.model_configs()}
         self._lock = asyncio.Lock()
         self._ledger = DeviceLedger()  # models on the same device see each other's work
+        self._definitions: dict[str, ModelDefinition] = {}
+        self._placer = placement.make_placer(self._devices, config, self) \
+            if config.placement == "auto" else None
+
+    def placement_snapshot(self) -> PlacementSnapshot | None:
+        """Where every model's replicas are and what moved (None under ``--placement all``)."""
+        return None if self._placer is None else self._placer.snapshot()
 
     def index(self) -> list[tuple[str, ModelEntry]]:
         return sorted(self._entries.items())
@@ -109,6 +119,8 @@ class ModelManager:
         for name, entry in list(self._entries.items()):
             if entry.config.load_at_start:
                 await self.load(name)
+        if self._placer is not None:
+            self._placer.start()
 
     async def load(self, name: str, source: str | None = None) -> None:
         """Load ``name`` (again, if it serves: the new one takes over, then the old drains).
@@ -127,7 +139,8 @@ class ModelManager:
             entry.state = ModelState.READY
             previous = self._table.put(model)
             logger.info("model %s loaded from %s on %s", name, config.source,
-                        ", ".join(d.name for d in self._devices))
+                        ", ".join(r.name for r in model.balancer.snapshot().replicas)
+                        or "no device yet (it loads on its first request)")
         if previous is not None:
             await close_model(previous, self._config.shutdown_grace_s)
 
@@ -141,12 +154,16 @@ class ModelManager:
                                         ErrorCode.INVALID_ARGUMENT)
             entry.state, entry.reason = ModelState.UNLOADING, ""
             await close_model(model, self._config.shutdown_grace_s)
+            if self._placer is not None:
+                self._placer.forget_model(name)
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
             logger.info("model %s unloaded", name)
 
     async def close(self, grace_s: float, abort: asyncio.Event | None = None) -> None:
         """Drain and close every model (server shutdown); see ``close_model``. The models stay
         in the table meanwhile, so a late request hears UNAVAILABLE, not NOT_FOUND."""
+        if self._placer is not None:
+            await self._placer.close()  # its moves in flight finish before the models close
         models = list(self._table)
         await asyncio.gather(*(close_model(m, grace_s, abort) for m in models))
         for model in models:
@@ -178,8 +195,10 @@ class ModelManager:
     def _spec(self, model: ModelConfig, group: tuple[DeviceSpec, ...]) -> WorkerSpec:
         config = self._config
         assert model.pipeline is not None  # resolved
+        builtins = config.builtins if model.sim_profile is None else \
+            dataclasses.replace(config.builtins, sim_profile=model.sim_profile)
         return WorkerSpec(model_name=model.name, source=model.source, devices=group,
-                          builtins=config.builtins, pipeline=model.pipeline,
+                          builtins=builtins, pipeline=model.pipeline,
                           dtype=config.dtype, cpu_threads=config.cpu_threads,
                           inputs=model.inputs, outputs=model.outputs,
                           log_level=config.log_level, log_format=config.log_format)
@@ -189,11 +208,38 @@ class ModelManager:
         return RayPlacement(self._config.ray_placement_timeout_s,
                             replicas_per_gpu=max(1, len(self._entries)))
 
+    async def _build_replica(self, config: ModelConfig, definition: ModelDefinition,
+                             device: DeviceSpec) -> Worker:
+        """One warmed-up single-device replica of ``config`` on ``device``, after the load
+        time a sim model simulates."""
+        if config.sim_load_s:
+            await asyncio.sleep(config.sim_load_s)
+        (worker,) = await build_workers([self._spec(config, (device,))], definition,
+                                        self._config.workers, self._config.ray_address,
+                                        self._placement())
+        await self._warm_up(config, definition, [worker])
+        return worker
+
+    async def load_replica(self, model: str, device: str) -> Worker:
+        """The placer's ``ReplicaLoader.load``: a replica of ``model`` on ``device``."""
+        spec = next(d for d in self._devices if d.name == device)
+        entry = self._entries[model]
+        started_s = time.monotonic()
+        worker = await self._build_replica(entry.config, self._definitions[model], spec)
+        if self._placer is not None:
+            self._placer.set_load_s(model, time.monotonic() - started_s)
+        return worker
+
     async def add_device(self, device: DeviceSpec) -> None:
         """A device joined (a cluster node came up): every loaded model gets a replica on it
-        (single-device replicas only; pipelines keep the devices they were cut for)."""
+        (single-device replicas only; pipelines keep the devices they were cut for). Under
+        ``--placement auto`` the placer may use it instead."""
         async with self._lock:
             self._devices.append(device)
+            if self._placer is not None:
+                (info,) = placement.device_infos([device], self._config)
+                self._placer.add_device(info, device.speed)
+                return
             for model in list(self._table):
                 config = self._entries[model.name].config
                 assert config.pipeline is not None
@@ -201,10 +247,7 @@ class ModelManager:
                     logger.warning("model %s: a pipeline gets no replica on joining device %s",
                                    model.name, device.name)
                     continue
-                (worker,) = await build_workers([self._spec(config, (device,))],
-                                                model.definition, self._config.workers,
-                                                self._config.ray_address, self._placement())
-                await self._warm_up(config, model.definition, [worker])
+                worker = await self._build_replica(config, model.definition, device)
                 model.balancer.add_replica(worker)
                 logger.info("model %s: replica on %s joined", model.name, device.name)
 
@@ -216,6 +259,8 @@ class ModelManager:
             for model in list(self._table):
                 if await model.balancer.remove_device(name):
                     logger.info("model %s: replica on %s left", model.name, name)
+            if self._placer is not None:
+                self._placer.remove_device(name)
 
     def lost_devices(self) -> set[str]:
         """Devices whose replicas are out of routing (a lost worker that has not come back)."""
@@ -237,6 +282,8 @@ class ModelManager:
 
     async def _build(self, model: ModelConfig) -> tuple[ServedModel, float | None]:
         """The model's workers, warmed up, and its balancer; and the warm-up's seconds."""
+        if self._placer is not None:
+            return await self._build_placed(model, self._placer)
         config = self._config
         assert model.pipeline is not None and model.balancer is not None  # resolved
         specs = [self._spec(model, group)
@@ -250,6 +297,57 @@ class ModelManager:
                                  count_cpu=cpu_accounting.enabled())
         balancer.start()
         return ServedModel(model.name, definition, balancer), warmup_s
+
+
+    async def _build_placed(self, model: ModelConfig,
+                            placer: Placer) -> tuple[ServedModel, float | None]:
+        """Under ``--placement auto``: the model's first replicas where it serves fastest within
+        the free memory (its floor; the placer moves them from there), and its balancer, which
+        the placer manages from then on."""
+        assert model.pipeline is not None and model.balancer is not None  # resolved
+        if model.pipeline.stages > 1:
+            raise ModelControlError(f"model {model.name!r}: --placement auto places "
+                                    "single-device replicas; pipelines need --placement all",
+                                    ErrorCode.INVALID_ARGUMENT)
+        spec = self._spec(model, (self._devices[0],))
+        definition = await asyncio.to_thread(load_spec_definition, spec)
+        memory = model.memory_bytes or placement.parameter_bytes(definition)
+        prior = placement.prior_cost(model, definition)
+        template = placement.profile(model, memory, self._devices, prior, model.sim_load_s)
+        free = placer.free_bytes()
+        chosen = placement.first_devices(template, free)
+        wanted = max(model.min_replicas, len(model.pinned))
+        if len(chosen) < wanted:
+            raise ModelControlError(
+                f"model {model.name!r} needs {wanted} replicas of {memory / 2**30:.2f} GiB and "
+                f"only {len(chosen)} fit now (free: " + ", ".join(
+                    f"{d} {b / 2**30:.2f} GiB" for d, b in sorted(free.items())) + "); "
+                "min_replicas = 0 loads it on demand instead", ErrorCode.RESOURCE_EXHAUSTED)
+        for device in chosen:
+            placer.hold(device, memory)
+        workers: dict[str, Worker] = {}
+        started_s = time.monotonic()
+        try:
+            for device in chosen:
+                spec_device = next(d for d in self._devices if d.name == device)
+                workers[device] = await self._build_replica(model, definition, spec_device)
+        except BaseException:
+            await asyncio.gather(*(w.close() for w in workers.values()), return_exceptions=True)
+            raise
+        finally:
+            for device in chosen:
+                placer.release(device, memory)
+        load_s = (time.monotonic() - started_s) / len(chosen) if chosen else model.sim_load_s
+        balancer = ModelBalancer(
+            model_name=model.name, workers=list(workers.values()), config=model.balancer,
+            on_health=self._on_health, ledger=self._ledger,
+            count_cpu=cpu_accounting.enabled(),
+            on_no_replica=placer.no_replica_callback(model.name))
+        placer.forget_model(model.name)  # a reload: the new balancer takes over
+        placer.add_model(dataclasses.replace(template, load_s=load_s), prior, balancer, workers)
+        self._definitions[model.name] = definition
+        balancer.start()
+        return ServedModel(model.name, definition, balancer), None
 
 
 def source_from_load_parameters(parameters: Mapping[str, pb.ModelRepositoryParameter]

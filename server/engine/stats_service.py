@@ -8,6 +8,7 @@ from collections.abc import Callable
 import grpc
 
 from evenflow.balancer import DeviceNotFound, InvalidRequest, ModelNotFound, ReplicaSnapshot
+from evenflow.balancer.placement.placer import PlacementSnapshot
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 from evenflow.server.edge.status import answers_errors
@@ -33,9 +34,11 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
 
 
 class StatsServicer(ef_grpc.EvenflowStatsServicer):
-    def __init__(self, *, models: ModelTable, gpu_samples: Callable[[], list[GpuSample]]) -> None:
+    def __init__(self, *, models: ModelTable, gpu_samples: Callable[[], list[GpuSample]],
+                 placement: Callable[[], PlacementSnapshot | None] = lambda: None) -> None:
         self._models = models
         self._gpu_samples = gpu_samples
+        self._placement = placement
         self._started_s = time.monotonic()
 
     @answers_errors
@@ -59,7 +62,24 @@ class StatsServicer(ef_grpc.EvenflowStatsServicer):
                 memory_used_bytes=gpu.memory_used_bytes,
                 memory_total_bytes=gpu.memory_total_bytes, sm_clock_mhz=gpu.sm_clock_mhz,
                 throttle_reasons=gpu.throttle_reasons, temperature_c=gpu.temperature_c))
+        response.placement.CopyFrom(placement_message(self._placement(), self._started_s))
         return response
+
+
+def placement_message(snapshot: PlacementSnapshot | None, started_s: float) -> ef.Placement:
+    """The placement as the stats RPC reports it; mode "all" and nothing else without a
+    placer. Move times become seconds since ``started_s`` (the server's start)."""
+    if snapshot is None:
+        return ef.Placement(mode="all")
+    return ef.Placement(
+        mode=snapshot.mode,
+        replicas=[ef.PlacedReplica(model=m, device=d, state=state)
+                  for m, d, state in snapshot.replicas],
+        moves=dict(snapshot.moves),
+        recent=[ef.PlacementMove(at_s=r.at_s - started_s, kind=r.kind, model=r.model,
+                                 device=r.device, reason=r.reason, took_s=r.took_s,
+                                 outcome=r.outcome) for r in snapshot.recent],
+        demand_per_s=dict(snapshot.demand_per_s))
 
 
 class AdminServicer(ef_grpc.EvenflowAdminServicer):

@@ -35,7 +35,7 @@ class Loader:
         self.fail: set[tuple[str, str]] = set()
         self.loaded: list[tuple[str, str]] = []
 
-    async def load(self, model: str, device: str) -> FakeWorker:
+    async def load_replica(self, model: str, device: str) -> FakeWorker:
         await sleep_s(self.time, LOAD_S)
         if (model, device) in self.fail:
             raise RuntimeError("out of memory while loading")
