@@ -208,7 +208,8 @@ class App:
         nvml = self._nvml
         return render(collect(self.models, nvml.latest if nvml is not None else (),
                               self.failures,
-                              self._pool.states() if self._pool is not None else ()))
+                              self._pool.states() if self._pool is not None else (),
+                              self._placement_snapshot()))
 
     async def stop(self, grace_s: float | None = None,
                    abort: asyncio.Event | None = None) -> None:

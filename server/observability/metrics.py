@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 
 from evenflow.balancer import ReplicaSnapshot
+from evenflow.balancer.placement.placer import PlacementSnapshot
 from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS, ModelStatistics
 from evenflow.server.edge.model_names import MODEL_VERSION
 from evenflow.server.engine.served import ServedModel
@@ -200,11 +201,36 @@ def _frontend_families(frontends: Iterable[FrontendState]) -> list[MetricFamily]
     return [up, restarts]
 
 
+def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamily]:
+    """Under ``--placement auto``: moves by kind, reason and outcome; replicas by model,
+    device and state; each model's demand."""
+    moves = MetricFamily("evenflow_placement_moves_total", "counter",
+                         "Placement moves (add, drop) by reason (plan, tuner, demand) and "
+                         "outcome (done, failed, skipped)")
+    replicas = MetricFamily("evenflow_placement_replicas", "gauge",
+                            "Replicas placed, by model, device and state (loading, serving, "
+                            "draining)")
+    demand = MetricFamily("evenflow_model_demand_samples_per_second", "gauge",
+                          "Samples per second reaching the model, refused ones too, over 2 s")
+    if placement is None:
+        return []
+    for key, count in sorted(placement.moves.items()):
+        kind, reason, outcome = key.split("/")
+        moves.add(count, kind=kind, reason=reason, outcome=outcome)
+    for model, device, state in placement.replicas:
+        replicas.add(1.0, model=model, device=device, state=state)
+    for model, rate in sorted(placement.demand_per_s.items()):
+        demand.add(rate, model=model)
+    return [moves, replicas, demand]
+
+
 def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample],
             failures: Mapping[tuple[str, str], int],
-            frontends: Iterable[FrontendState] = ()) -> list[MetricFamily | Metric]:
+            frontends: Iterable[FrontendState] = (),
+            placement: PlacementSnapshot | None = None) -> list[MetricFamily | Metric]:
     """Every metric family, read now. ``failures``: (model, status code) -> failed requests,
-    in every process; ``frontends``: the front-end processes, with ``--frontends N``."""
+    in every process; ``frontends``: the front-end processes, with ``--frontends N``;
+    ``placement``: the placer's snapshot under ``--placement auto``."""
     models = list(models)
     return [*_model_families(models), _failure_family(failures), *_gpu_families(gpu_samples),
-            *_frontend_families(frontends)]
+            *_frontend_families(frontends), *_placement_families(placement)]

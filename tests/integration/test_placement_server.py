@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from html.parser import HTMLParser
 from pathlib import Path
 
 import grpc
@@ -15,6 +16,7 @@ import pytest
 from evenflow.client import AsyncClient
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
+from tests.integration.test_devices_page import CHROMIUM, VIRTUAL_TIME_MS, chromium, http_url
 from tests.servers import ServerProcess, start_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -120,3 +122,42 @@ async def test_placement_all_keeps_a_replica_of_every_model_on_every_device(
         assert sorted(d for r in stats.models[0].replicas for d in r.devices) == ["sim0", "sim1"]
     finally:
         assert proc.terminate() == 0
+
+
+class PlacementRows(HTMLParser):
+    """The devices page's placement rows: device -> the text of its replicas cell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, str] = {}
+        self._device: str | None = None
+        self._cells = 0
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "tr" and values.get("data-device") and "data-rate" not in values:
+            self._device, self._cells = values["data-device"], 0
+        elif tag == "td" and self._device is not None:
+            self._cells += 1
+
+    def handle_data(self, data: str) -> None:
+        if self._device is not None and self._cells == 2:
+            self.rows[self._device] = self.rows.get(self._device, "") + data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "tr":
+            self._device = None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium on the PATH")
+async def test_the_devices_page_shows_the_placement(server: ServerProcess,
+                                                    tmp_path: Path) -> None:
+    dom = await chromium(tmp_path / "profile", f"--virtual-time-budget={VIRTUAL_TIME_MS}",
+                         "--dump-dom", f"{http_url(server)}/")
+    parser = PlacementRows()
+    parser.feed(dom.decode())
+    found = serving(await placement(server.url))
+    assert sorted(parser.rows) == sorted(found)
+    for device, models in found.items():
+        assert all(model in parser.rows[device] for model in models), parser.rows
