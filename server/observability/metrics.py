@@ -201,16 +201,23 @@ def _frontend_families(frontends: Iterable[FrontendState]) -> list[MetricFamily]
     return [up, restarts]
 
 
+# Exported only under --placement auto (a server with --placement all has no placer).
+_MOVES = "evenflow_placement_moves_total"
+_REPLICAS = "evenflow_placement_replicas"
+_DEMAND = "evenflow_model_demand_samples_per_second"
+PLACEMENT_METRIC_NAMES = frozenset({_MOVES, _REPLICAS, _DEMAND})
+
+
 def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamily]:
     """Under ``--placement auto``: moves by kind, reason and outcome; replicas by model,
     device and state; each model's demand."""
-    moves = MetricFamily("evenflow_placement_moves_total", "counter",
+    moves = MetricFamily(_MOVES, "counter",
                          "Placement moves (add, drop) by reason (plan, tuner, demand) and "
                          "outcome (done, failed, skipped)")
-    replicas = MetricFamily("evenflow_placement_replicas", "gauge",
+    replicas = MetricFamily(_REPLICAS, "gauge",
                             "Replicas placed, by model, device and state (loading, serving, "
                             "draining)")
-    demand = MetricFamily("evenflow_model_demand_samples_per_second", "gauge",
+    demand = MetricFamily(_DEMAND, "gauge",
                           "Samples per second reaching the model, refused ones too, over 2 s")
     if placement is None:
         return []
