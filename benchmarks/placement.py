@@ -22,9 +22,11 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Coroutine
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from benchmarks.placement_bound import bound_per_s, phase_bounds_per_s
 from benchmarks.placement_sim import (
@@ -66,6 +68,7 @@ SCENARIOS = (
         Phase(25.0, _mix(m3=0.34, m4=0.33, m5=0.33)),
         Phase(25.0, _mix(m6=0.34, m0=0.33, m3=0.33)))),
 )
+T = TypeVar("T")
 STRATEGIES = ("auto", "static", "ray-like")
 BASELINES = ("static", "ray-like")
 
@@ -93,7 +96,7 @@ def run_search(job: Job) -> SloGoodput:
     return _on_virtual_loop(search_goodput(measure, settings, first_seed=1000 * job.repeat))
 
 
-def _on_virtual_loop(coroutine):  # type: ignore[no-untyped-def]
+def _on_virtual_loop(coroutine: Coroutine[Any, Any, T]) -> T:
     loop = VirtualLoop()
     try:
         return loop.run_until_complete(coroutine)
