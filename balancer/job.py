@@ -64,11 +64,14 @@ class BatchResult:
 @dataclass(frozen=True, slots=True)
 class WorkerStatus:
     """What a worker reports about itself besides its batches: a pipeline's stages (device,
-    layers, planned and measured seconds), how often it re-partitioned, and where it runs."""
+    layers, planned and measured seconds), how often it re-partitioned, where it runs, and the
+    most device memory one of its batches held above what was allocated before it (None where
+    the device does not count it: CPUs, simulated devices)."""
 
     stages: tuple[Mapping[str, Any], ...] = ()
     num_repartitions: int = 0
     location: str = ""  # where it runs, as its host names it ("" in this process)
+    activation_peak_bytes: int | None = None
 
 
 class Worker(Protocol):

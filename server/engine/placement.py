@@ -4,8 +4,9 @@ model (memory, speed, the batch cost before any is measured), and the placer its
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
+from evenflow.balancer import WorkerStatus
 from evenflow.balancer.capacity import DeviceCost, rate_within_per_s
 from evenflow.balancer.placement.auto import AutoStrategy
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile
@@ -54,6 +55,16 @@ def parameter_bytes(definition: ModelDefinition) -> int:
     module = definition.module
     tensors = [*module.parameters(), *module.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def replica_memory_bytes(declared_bytes: int | None, parameters_bytes: int,
+                         statuses: Iterable[WorkerStatus]) -> int:
+    """What one replica needs: the declared figure, else its parameters and buffers plus the
+    largest activation peak its warmed-up workers measured (CUDA; none elsewhere)."""
+    if declared_bytes:
+        return declared_bytes
+    peaks = [p for status in statuses if (p := status.activation_peak_bytes) is not None]
+    return parameters_bytes + max(peaks, default=0)
 
 
 def profile(model: ModelConfig, memory_bytes: int, devices: Sequence[DeviceSpec],

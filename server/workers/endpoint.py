@@ -33,7 +33,8 @@ class WorkerEndpoint:
 
     def status(self) -> msg.Status:
         status = self._worker.status()
-        return msg.Status([dict(stage) for stage in status.stages], status.num_repartitions)
+        return msg.Status([dict(stage) for stage in status.stages], status.num_repartitions,
+                          status.activation_peak_bytes)
 
     def ready(self) -> msg.Ready:
         worker = self._worker

@@ -102,4 +102,5 @@ class HostedWorker(WorkerIdentity):
 
 
 def worker_status(status: msg.Status, location: str = "") -> WorkerStatus:
-    return WorkerStatus(tuple(status.stages), status.num_repartitions, location)
+    return WorkerStatus(tuple(status.stages), status.num_repartitions, location,
+                        status.activation_peak_bytes)

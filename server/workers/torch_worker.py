@@ -11,10 +11,15 @@ from typing import Any
 import torch
 
 from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory
-from evenflow.balancer.job import BatchResult, BatchTiming, Job
+from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.observability import cpu_accounting
+from evenflow.server.workers.activation_peak import (
+    ActivationPeak,
+    CudaAllocatorStats,
+    measurement_lock,
+)
 from evenflow.server.workers.cuda_sync import blocking_event, wait_for_stream
 from evenflow.server.workers.device_errors import classify_device_error
 from evenflow.server.workers.devices import DeviceSpec
@@ -51,7 +56,14 @@ class TorchWorker(ThreadWorker):
         self._module = module
         self._stream: Any = None
         self._stream_done: Any = None  # a blocking event, reused for every wait on the stream
+        self._activation_peak = ActivationPeak(CudaAllocatorStats(device.index),
+                                               measurement_lock(device.name)) \
+            if device.kind == "cuda" else None
         super().__init__(name=f"{model_name}@{device.name}", devices=[device.name])
+
+    def status(self) -> WorkerStatus:
+        peak = self._activation_peak
+        return WorkerStatus(activation_peak_bytes=peak.peak_bytes if peak is not None else None)
 
     @contextlib.contextmanager
     def _thread_main_context(self) -> Iterator[None]:
@@ -92,15 +104,18 @@ class TorchWorker(ThreadWorker):
         out-of-memory anywhere in it splits the batch, and what else it raises is classified
         (see ``_execute``)."""
         clock = time.thread_time if self._measure_cpu else cpu_accounting.no_clock
-        c0, t0 = clock(), time.perf_counter()
-        inputs = batch_inputs(jobs, self._definition.inputs, self._device, self._dtype)
-        self._sync()
-        c1, t1 = clock(), time.perf_counter()
-        raw_outputs = self._module(*inputs)
-        self._sync()
-        c2, t2 = clock(), time.perf_counter()
-        per_job = outputs_per_job(raw_outputs, self._definition.outputs, jobs)
-        c3, t3 = clock(), time.perf_counter()
+        peak = self._activation_peak
+        with peak.measure(sum(job.num_samples for job in jobs)) if peak is not None \
+                else contextlib.nullcontext():
+            c0, t0 = clock(), time.perf_counter()
+            inputs = batch_inputs(jobs, self._definition.inputs, self._device, self._dtype)
+            self._sync()
+            c1, t1 = clock(), time.perf_counter()
+            raw_outputs = self._module(*inputs)
+            self._sync()
+            c2, t2 = clock(), time.perf_counter()
+            per_job = outputs_per_job(raw_outputs, self._definition.outputs, jobs)
+            c3, t3 = clock(), time.perf_counter()
         return BatchResult(per_job, BatchTiming(t1 - t0, t2 - t1, t3 - t2),
                            BatchTiming(c1 - c0, c2 - c1, c3 - c2) if self._measure_cpu
                            else None)

@@ -223,3 +223,22 @@ def test_waiting_for_the_gpu_leaves_the_cpu_idle() -> None:
     if spin_cpu_s < 0.5 * spin_wall_s:
         pytest.skip("this host's CUDA schedule does not spin in Stream.synchronize")
     assert cpu_s < 0.25 * wall_s, f"{cpu_s:.3f} s of CPU in a {wall_s:.3f} s wait"
+
+
+async def test_a_cuda_worker_measures_its_activation_peak_for_the_placement() -> None:
+    """What ``--placement auto`` adds to a replica's parameters: nothing is known before a
+    batch; a larger batch holds more; the batch's input on the device is part of it."""
+    worker = TorchWorker(model_name="mlp", definition=build_mlp(),
+                         device=parse_devices("cuda:0")[0])
+    rng = np.random.default_rng(0)
+    try:
+        assert worker.status().activation_peak_bytes is None
+        await worker.run(jobs(rng.standard_normal((8, 256)).astype(np.float32)))
+        small = worker.status().activation_peak_bytes
+        await worker.run(jobs(rng.standard_normal((4096, 256)).astype(np.float32)))
+        large = worker.status().activation_peak_bytes
+    finally:
+        await worker.close()
+    assert small is not None and small > 0
+    assert large is not None and large > small
+    assert large >= 4096 * 256 * 4

@@ -41,7 +41,7 @@ class DoublingWorker:
         self.closed = False
 
     def status(self) -> WorkerStatus:
-        return WorkerStatus(({"device": "sim0", "layers": 3},), 2)
+        return WorkerStatus(({"device": "sim0", "layers": 3},), 2, activation_peak_bytes=12345)
 
     async def run(self, jobs: Sequence[Job]) -> BatchResult:
         self.batches.append([job.num_samples for job in jobs])
@@ -116,7 +116,8 @@ async def test_a_batch_crosses_whole_and_comes_back_cut_per_job(worker: Doubling
     np.testing.assert_array_equal(result.outputs[0][0], np.full((2, 2), 4.0))
     np.testing.assert_array_equal(result.outputs[1][0], np.full((1, 2), 2.0))
     assert result.timing == BatchTiming(0.1, 0.2, 0.3) and result.cpu is None
-    assert host.status() == WorkerStatus(({"device": "sim0", "layers": 3},), 2)
+    assert host.status() == WorkerStatus(({"device": "sim0", "layers": 3},), 2,
+                                         activation_peak_bytes=12345)
 
 
 async def test_errors_come_back_as_the_same_error(worker: DoublingWorker) -> None:
@@ -163,7 +164,7 @@ async def test_ready_describes_the_built_worker_and_close_closes_it(
     endpoint = WorkerEndpoint(worker)
     ready = endpoint.ready()
     assert (ready.name, ready.devices, ready.max_in_flight) == ("m@sim0", ["sim0"], 1)
-    assert ready.status == msg.Status([{"device": "sim0", "layers": 3}], 2)
+    assert ready.status == msg.Status([{"device": "sim0", "layers": 3}], 2, 12345)
     await endpoint.close()
     assert worker.closed
 

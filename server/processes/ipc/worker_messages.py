@@ -21,6 +21,7 @@ from evenflow.server.processes.ipc.errors import WireError
 class Status(msgspec.Struct, array_like=True, frozen=True):
     stages: list[dict[str, Any]] = []
     num_repartitions: int = 0
+    activation_peak_bytes: int | None = None
 
 
 class Ready(msgspec.Struct, tag=True, array_like=True, frozen=True):
