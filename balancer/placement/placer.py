@@ -170,6 +170,16 @@ class Placer:
         if model is not None:
             model.template = replace(model.template, load_s=load_s)
 
+    def raise_memory_bytes(self, name: str, memory_bytes: int) -> None:
+        """A replica of ``name`` measured that it needs ``memory_bytes`` (its activation peak
+        added): the model's footprint becomes the larger of that and what it was, for every
+        replica, since batches of the max size may come to any of them."""
+        model = self._models.get(name)
+        if model is not None and memory_bytes > model.template.memory_bytes:
+            logger.info("model %s: a replica needs %.2f GiB, not %.2f GiB", name,
+                        memory_bytes / 2**30, model.template.memory_bytes / 2**30)
+            model.template = replace(model.template, memory_bytes=memory_bytes)
+
     def add_device(self, device: DeviceInfo, speed: float) -> None:
         self.devices.append(device)
         self._costs.set_speed(device.name, speed)
@@ -180,12 +190,17 @@ class Placer:
         for key in [key for key in self._replicas if key[1] == name]:
             del self._replicas[key]
 
-    def forget_model(self, name: str) -> None:
-        """The model was unloaded (its balancer closed its workers): its memory is free."""
-        self._models.pop(name, None)
-        for key in [key for key in self._replicas if key[0] == name]:
+    def forget_model(self, name: str) -> list[tuple[str, int]]:
+        """Stop managing ``name``: unloaded (its balancer closed its workers), or reloaded (a
+        new balancer takes over). Returns the memory its replicas held, by device: a reload
+        ``hold``s it until the old replicas have drained and closed."""
+        model = self._models.pop(name, None)
+        keys = [key for key in self._replicas if key[0] == name]
+        for key in keys:
             del self._replicas[key]
         self._costs.forget(name)
+        return [] if model is None else [(device, model.template.memory_bytes)
+                                         for _, device in keys]
 
     def no_replica_callback(self, name: str) -> Callable[[], None]:
         """For the balancer's ``on_no_replica``: load a replica for ``name`` now."""

@@ -13,6 +13,7 @@ statistics); a model is published READY only after its replicas are warm.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import enum
 import json
@@ -105,6 +106,10 @@ class ModelManager:
         self._lock = asyncio.Lock()
         self._ledger = DeviceLedger()  # models on the same device see each other's work
         self._definitions: dict[str, ModelDefinition] = {}
+        # Under --placement auto, the memory a reloaded model's old replicas hold while they
+        # drain, by model: (device, bytes) held in the placer until they close.
+        self._draining: collections.defaultdict[str, list[tuple[str, int]]] = \
+            collections.defaultdict(list)
         self._placer = placement.make_placer(self._devices, config, self) \
             if config.placement == "auto" else None
 
@@ -135,6 +140,7 @@ class ModelManager:
             except Exception as exc:
                 entry.state, entry.reason = ModelState.UNAVAILABLE, f"load failed: {exc}"
                 raise
+            draining = self._draining.pop(name, [])  # this load's: loads take turns
             entry.config, entry.warmup_s = config, warmup_s
             entry.state = ModelState.READY
             previous = self._table.put(model)
@@ -142,7 +148,12 @@ class ModelManager:
                         ", ".join(r.name for r in model.balancer.snapshot().replicas)
                         or "no device yet (it loads on its first request)")
         if previous is not None:
-            await close_model(previous, self._config.shutdown_grace_s)
+            try:
+                await close_model(previous, self._config.shutdown_grace_s)
+            finally:
+                if self._placer is not None:
+                    for device, memory_bytes in draining:
+                        self._placer.release(device, memory_bytes)
 
     async def unload(self, name: str) -> None:
         """Stop routing to ``name``, let its admitted requests finish, then close it."""
@@ -225,9 +236,13 @@ class ModelManager:
         spec = next(d for d in self._devices if d.name == device)
         entry = self._entries[model]
         started_s = time.monotonic()
-        worker = await self._build_replica(entry.config, self._definitions[model], spec)
+        definition = self._definitions[model]
+        worker = await self._build_replica(entry.config, definition, spec)
         if self._placer is not None:
             self._placer.set_load_s(model, time.monotonic() - started_s)
+            measured = placement.replica_memory_bytes(
+                entry.config.memory_bytes, placement.parameter_bytes(definition), [worker.status()])
+            self._placer.raise_memory_bytes(model, measured)
         return worker
 
     async def add_device(self, device: DeviceSpec) -> None:
@@ -311,7 +326,8 @@ class ModelManager:
                                     ErrorCode.INVALID_ARGUMENT)
         spec = self._spec(model, (self._devices[0],))
         definition = await asyncio.to_thread(load_spec_definition, spec)
-        memory = model.memory_bytes or placement.parameter_bytes(definition)
+        parameters = placement.parameter_bytes(definition)
+        memory = model.memory_bytes or parameters  # until its replicas have measured theirs
         prior = placement.prior_cost(model, definition)
         template = placement.profile(model, memory, self._devices, prior, model.sim_load_s)
         free = placer.free_bytes()
@@ -338,13 +354,24 @@ class ModelManager:
             for device in chosen:
                 placer.release(device, memory)
         load_s = (time.monotonic() - started_s) / len(chosen) if chosen else model.sim_load_s
+        measured = placement.replica_memory_bytes(model.memory_bytes, parameters,
+                                                  [w.status() for w in workers.values()])
+        if measured != memory:
+            logger.info("model %s: %.2f GiB per replica (parameters and buffers %.2f GiB, the "
+                        "rest its activation peak at batch %d)", model.name, measured / 2**30,
+                        parameters / 2**30, model.balancer.max_batch)
         balancer = ModelBalancer(
             model_name=model.name, workers=list(workers.values()), config=model.balancer,
             on_health=self._on_health, ledger=self._ledger,
             count_cpu=cpu_accounting.enabled(),
             on_no_replica=placer.no_replica_callback(model.name))
-        placer.forget_model(model.name)  # a reload: the new balancer takes over
-        placer.add_model(dataclasses.replace(template, load_s=load_s), prior, balancer, workers)
+        # A reload: the new balancer takes over; the old replicas' memory stays held until
+        # they have drained and closed (``load``).
+        for device, memory_bytes in placer.forget_model(model.name):
+            placer.hold(device, memory_bytes)
+            self._draining[model.name].append((device, memory_bytes))
+        placer.add_model(dataclasses.replace(template, load_s=load_s, memory_bytes=measured),
+                         prior, balancer, workers)
         self._definitions[model.name] = definition
         balancer.start()
         return ServedModel(model.name, definition, balancer), None

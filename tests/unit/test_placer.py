@@ -223,3 +223,18 @@ async def test_static_strategy_makes_no_moves(world: World) -> None:
                     time_source=world.time)
     assert Static().moves(placer.view()) == ()
     await asyncio.sleep(0)
+
+
+async def test_a_measured_footprint_only_ever_raises_a_models_memory(world: World) -> None:
+    """A replica that measured its activation peak: the model needs more on every device, so
+    an add that fitted by the parameters alone no longer does."""
+    world.model("a", 6, on=("d0",))
+    world.model("b", 2, on=("d1",))  # d1 has 8 GiB: room for a at 6, not at 7
+    free_before = world.placer.free_bytes()["d0"]
+    world.placer.raise_memory_bytes("a", int(5 * GIB))  # less than known: kept
+    assert world.placer.free_bytes()["d0"] == free_before
+    world.placer.raise_memory_bytes("a", int(7 * GIB))
+    assert world.placer.free_bytes()["d0"] == free_before - GIB
+    world.placer.carry_out([(Move("add", "a", "d1"), "plan")])
+    await world.run_for(3.0)
+    assert world.serving("a") == ["d0"]
