@@ -12,7 +12,9 @@ status: a request lost or failed because a replica moved shows there. The SLO se
 (``evenflow loadtest --slo-ms``'s) runs over fresh servers, one per probe, judged like the
 virtual one (every phase, after the settling time, within the SLO with at most 1 % errors);
 the virtual-time search of the same scenario starts from the placement the real server chose
-at start.
+at start. It runs twice: on the bare simulated devices, and with what each real run measured
+the server adding (``measured_overheads``: per request outside the server, per batch in the
+hand-offs), from the three runs nearest the real goodput.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import collections
 import json
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,13 +35,15 @@ import numpy as np
 from benchmarks.harness import evenflow_argv, start
 from benchmarks.placement import SCENARIOS
 from benchmarks.placement_bound import bound_per_s
-from benchmarks.placement_sim import Run, Scenario, probe_of, run_scenario
+from benchmarks.placement_sim import NO_OVERHEADS, Overheads, Run, Scenario, probe_of, run_scenario
 from benchmarks.virtual_time import VirtualLoop
 from evenflow.balancer.placement.inventory import Placement
 from evenflow.client import AsyncClient, InferenceServerError
 from evenflow.loadtest.slo_search import Probe, SearchSettings, search_goodput
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
+from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
 WARMUP_S = 10.0
 SETTLE_S = 12.0
@@ -66,6 +71,7 @@ class Counts:
 
     sent: int = 0
     ok: int = 0
+    ok_latency_s: float = 0.0  # the sum over the answers, as the client saw them
     by_status: collections.Counter[str] = field(default_factory=collections.Counter)
 
     @property
@@ -78,6 +84,29 @@ async def placement_of(url: str) -> Placement:
         stats = await ef_grpc.EvenflowStatsStub(channel).GetStats(ef.GetStatsRequest())
     return frozenset((r.model, r.device) for r in stats.placement.replicas
                      if r.state == "serving")
+
+
+async def measured_overheads(url: str, scenario: Scenario, counts: Counts) -> Overheads:
+    """What the server at ``url`` added to the simulated devices over a run: per request, the
+    client's mean latency minus the server's own (GetModelStatistics' success time); per
+    batch, the fitted fixed cost of the full-speed replicas alone on their device minus the
+    model's declared one (a replica sharing its device fits the device time alone)."""
+    async with grpc.aio.insecure_channel(url) as channel:
+        served_stats = await pb_grpc.GRPCInferenceServiceStub(channel).ModelStatistics(
+            pb.ModelStatisticsRequest())
+        stats = await ef_grpc.EvenflowStatsStub(channel).GetStats(ef.GetStatsRequest())
+    served = sum(m.inference_stats.success.count for m in served_stats.model_stats)
+    server_s = sum(m.inference_stats.success.ns for m in served_stats.model_stats) / 1e9
+    transport_s = counts.ok_latency_s / counts.ok - server_s / served if served else 0.0
+    full_speed = {f"sim{i}" for i, speed in enumerate(scenario.speeds) if speed == 1.0}
+    per_device = collections.Counter(d for m in stats.models for r in m.replicas
+                                     for d in r.devices)
+    base_s = {m.name: m.base_s for m in scenario.models}
+    excess_s = [r.fit_base_s - base_s[m.model_name] for m in stats.models for r in m.replicas
+                if r.fit_reliable and len(r.devices) == 1 and r.devices[0] in full_speed
+                and per_device[r.devices[0]] == 1]
+    return Overheads(max(0.0, transport_s),
+                     max(0.0, sum(excess_s) / len(excess_s)) if excess_s else 0.0)
 
 
 async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float,
@@ -105,6 +134,7 @@ async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float,
                 return
             counts.ok += 1
             latency_s = loop.time() - arrived_s
+            counts.ok_latency_s += latency_s
             if phase >= 0:
                 if counted:
                     run.phase_latencies_s[phase].append(latency_s)
@@ -142,6 +172,7 @@ class RealProbes:
     slo_s: float
     starts: list[Placement] = field(default_factory=list)
     counts: list[Counts] = field(default_factory=list)
+    overheads: list[Overheads] = field(default_factory=list)
 
     async def measure(self, rate_per_s: float, seed: int) -> Probe:
         config = self.out / "evenflow.toml"
@@ -151,6 +182,7 @@ class RealProbes:
         try:
             self.starts.append(await placement_of(server.url))
             run, counts = await drive(server.url, self.scenario, self.slo_s, rate_per_s, seed)
+            self.overheads.append(await measured_overheads(server.url, self.scenario, counts))
         finally:
             server.stop()
         self.counts.append(counts)
@@ -161,10 +193,11 @@ class RealProbes:
         return probe
 
 
-def virtual_goodput(scenario: Scenario, slo_s: float, start_placement: Placement) -> float:
+def virtual_goodput(scenario: Scenario, slo_s: float, start_placement: Placement,
+                    overheads: Overheads = NO_OVERHEADS) -> float:
     async def measure(rate_per_s: float, seed: int) -> Probe:
         run = await run_scenario(scenario, "auto", slo_s, rate_per_s, seed, SETTLE_S,
-                                 WARMUP_S, start_placement)
+                                 WARMUP_S, start_placement, overheads)
         return probe_of(run, rate_per_s, seed)
 
     bound = bound_per_s(scenario, slo_s)
@@ -195,6 +228,12 @@ def main() -> None:
     real = asyncio.run(search_goodput(probes.measure, _settings(slo_s, bound), first_seed=0))
     first = probes.starts[0]
     virtual = virtual_goodput(scenario, slo_s, first)
+    # The runs nearest the goodput load the server as the search's answer does.
+    near = sorted(zip(real.probes, probes.overheads, strict=True),
+                  key=lambda p: abs(p[0].rate_per_s - real.goodput_per_s))[:3]
+    overheads = Overheads(statistics.median(o.transport_s for _, o in near),
+                          statistics.median(o.batch_overhead_s for _, o in near))
+    calibrated = virtual_goodput(scenario, slo_s, first, overheads)
     lost = sum(c.unanswered for c in probes.counts)
     failed = collections.Counter[str]()
     for counts in probes.counts:
@@ -202,13 +241,20 @@ def main() -> None:
     summary = (f"shift, SLO {args.slo_ms:g} ms, auto: real server {real.goodput_per_s:.0f} "
                f"req/s ({real.goodput_per_s / bound:.2f} of the bound {bound:.0f}), virtual "
                f"time {virtual:.0f} req/s ({virtual / bound:.2f}); real / virtual "
-               f"{real.goodput_per_s / virtual:.2f}. Over {len(probes.counts)} real runs: "
+               f"{real.goodput_per_s / virtual:.2f}; virtual time with the real server's "
+               f"measured overheads ({overheads.transport_s * 1e3:.1f} ms per request outside "
+               f"the server, {overheads.batch_overhead_s * 1e3:.2f} ms per batch) "
+               f"{calibrated:.0f} req/s (real / virtual {real.goodput_per_s / calibrated:.2f})."
+               f" Over {len(probes.counts)} real runs: "
                f"{sum(c.sent for c in probes.counts)} requests sent, {lost} unanswered, "
                f"failures by kind {dict(failed)}. ({time.perf_counter() - started:.0f} s)")
     print(summary)
     (args.out / "results.json").write_text(json.dumps({
         "summary": summary, "bound_per_s": bound, "real": real.as_dict(),
-        "virtual_per_s": virtual, "start_placement": sorted(first),
+        "virtual_per_s": virtual, "virtual_with_overheads_per_s": calibrated,
+        "overheads": [{"transport_s": o.transport_s, "batch_overhead_s": o.batch_overhead_s}
+                      for o in probes.overheads],
+        "start_placement": sorted(first),
         "counts": [{"sent": c.sent, "ok": c.ok, "by_status": dict(c.by_status)}
                    for c in probes.counts]}, indent=2))
 

@@ -99,6 +99,20 @@ class SimGpu:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+@dataclass(frozen=True, slots=True)
+class Overheads:
+    """What a real server adds that the simulated devices do not have: per request, the time
+    outside the balancer a client sees on top (the gRPC round trip and codec); per batch, the
+    hand-offs to the worker and back, whatever the device's speed. Both 0 compares strategies
+    alone; ``benchmarks.placement_real`` measures them on the real server."""
+
+    transport_s: float = 0.0
+    batch_overhead_s: float = 0.0
+
+
+NO_OVERHEADS = Overheads()
+
+
 @dataclass(slots=True)
 class SimReplica(SingleDeviceWorker):
     """A model's replica on a ``SimGpu``."""
@@ -106,6 +120,7 @@ class SimReplica(SingleDeviceWorker):
     gpu: SimGpu
     base_s: float
     per_sample_s: float
+    overhead_s: float = 0.0  # per batch (``Overheads.batch_overhead_s``)
 
     @property
     def name(self) -> str:
@@ -120,6 +135,10 @@ class SimReplica(SingleDeviceWorker):
         async with self.gpu.lock:
             cost_s = (self.base_s + self.per_sample_s * samples) / self.gpu.speed
             await asyncio.sleep(cost_s)
+        if self.overhead_s:
+            # The hand-offs hold this replica's next batch back, not the device: another
+            # model's batch, waiting on the device already, starts meanwhile.
+            await asyncio.sleep(self.overhead_s)
         return BatchResult([None] * len(jobs), BatchTiming(0.0, cost_s, 0.0))
 
     async def restart(self) -> None:
@@ -132,16 +151,19 @@ class SimReplica(SingleDeviceWorker):
 class SimLoader:
     """Loads a replica in its model's ``load_s`` of virtual time."""
 
-    def __init__(self, models: Mapping[str, SimModel], gpus: Mapping[str, SimGpu]) -> None:
+    def __init__(self, models: Mapping[str, SimModel], gpus: Mapping[str, SimGpu],
+                 batch_overhead_s: float = 0.0) -> None:
         self._models = models
         self._gpus = gpus
+        self._batch_overhead_s = batch_overhead_s
         self.loads = 0
 
     async def load_replica(self, model: str, device: str) -> SimReplica:
         spec = self._models[model]
         await asyncio.sleep(spec.load_s)
         self.loads += 1
-        return SimReplica(self._gpus[device], spec.base_s, spec.per_sample_s)
+        return SimReplica(self._gpus[device], spec.base_s, spec.per_sample_s,
+                          self._batch_overhead_s)
 
 
 class RayLikeAutoscaler:
@@ -212,14 +234,15 @@ class _Serving:
     placement."""
 
     def __init__(self, scenario: Scenario, strategy_name: str, slo_s: float, seed: int,
-                 start: Placement | None = None) -> None:
+                 start: Placement | None = None, overheads: Overheads = NO_OVERHEADS) -> None:
         from benchmarks.placement_bound import first_phase_placement
 
         loop = asyncio.get_running_loop()
         devices = scenario.devices()
         self.gpus = {d.name: SimGpu(d.name, s)
                      for d, s in zip(devices, scenario.speeds, strict=True)}
-        loader = SimLoader({m.name: m for m in scenario.models}, self.gpus)
+        loader = SimLoader({m.name: m for m in scenario.models}, self.gpus,
+                           overheads.batch_overhead_s)
         ledger = DeviceLedger()
         config = BalancerConfig(latency_target_s=slo_s, slo_s=slo_s,
                                 max_batch=scenario.max_batch, max_queued_requests=100_000)
@@ -232,7 +255,8 @@ class _Serving:
             loader=loader, strategy=make_strategy(strategy_name, self.balancers),
             time_source=LoopTime(loop.time), mode=strategy_name, settings=PlacerSettings())
         for model in scenario.models:
-            workers = {d: SimReplica(self.gpus[d], model.base_s, model.per_sample_s)
+            workers = {d: SimReplica(self.gpus[d], model.base_s, model.per_sample_s,
+                                     overheads.batch_overhead_s)
                        for n, d in sorted(start) if n == model.name}
             balancer = ModelBalancer(
                 model_name=model.name, workers=list(workers.values()), config=config,
@@ -253,13 +277,15 @@ class _Serving:
 
 async def run_scenario(scenario: Scenario, strategy_name: str, slo_s: float, rate_per_s: float,
                        seed: int, settle_s: float, warmup_s: float = 10.0,
-                       start: Placement | None = None) -> Run:
+                       start: Placement | None = None,
+                       overheads: Overheads = NO_OVERHEADS) -> Run:
     """One open-loop run: ``warmup_s`` at the first phase's mix, then the phases. Every
     strategy starts from ``start``, by default the static placement sized for the first phase
     (the warm-up lets it settle). Requests of one sample each, Poisson arrivals, each
-    request's model drawn from its phase's mix."""
+    request's model drawn from its phase's mix. A latency is from a request's arrival to its
+    answer, plus ``overheads.transport_s``."""
     loop = asyncio.get_running_loop()
-    serving = _Serving(scenario, strategy_name, slo_s, seed, start)
+    serving = _Serving(scenario, strategy_name, slo_s, seed, start, overheads)
     phases = [Phase(warmup_s, scenario.phases[0].mix), *scenario.phases]
     bounds_s = [loop.time()]
     for phase in phases:
@@ -280,7 +306,7 @@ async def run_scenario(scenario: Scenario, strategy_name: str, slo_s: float, rat
         if future.cancelled() or future.exception() is not None:
             result.phase_errors[phase] += counted
             return
-        latency_s = loop.time() - arrived_s
+        latency_s = loop.time() - arrived_s + overheads.transport_s
         if counted:
             result.phase_latencies_s[phase].append(latency_s)
         if latency_s <= slo_s:
