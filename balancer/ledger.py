@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from evenflow.balancer.policies import ReplicaLoad
+from evenflow.balancer.turns import DeviceTurns
 
 
 class Priced(Protocol):
@@ -23,9 +24,11 @@ class Priced(Protocol):
 class DeviceLedger:
     """Replicas by device name, across the models of one server. Each model's balancer adds
     its replicas on start and removes them on close; a replica asks for the outstanding work
-    of the others on its devices (``others_work_s``) when it prices itself."""
+    of the others on its devices (``others_work_s``) when it prices itself, and takes
+    ``turns`` on a device it shares, so that the models' batches there run one at a time."""
 
     def __init__(self) -> None:
+        self.turns = DeviceTurns()
         self._by_device: defaultdict[str, list[Priced]] = defaultdict(list)
         # Each replica's sharers, computed when the ledger changes: asked on every routing
         # decision, for every replica, and almost always empty.

@@ -48,6 +48,11 @@ class JobQueue:
         return min(level[0].arrival_s for level in self._levels if level)
 
     @property
+    def earliest_due_s(self) -> float:
+        """The earliest ``due_s`` among the jobs at the front of each level."""
+        return min(level[0].due_s for level in self._levels if level)
+
+    @property
     def num_shape_groups(self) -> int:
         """How many batches the queue needs at least: one per distinct shape."""
         return max(1, len(self._shapes)) if self._count else 0

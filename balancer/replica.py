@@ -30,6 +30,7 @@ from evenflow.balancer.policies import ReplicaLoad
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.stats import ArrivalRate, ModelCounters, ReplicaCounters, ReplicaSnapshot
 from evenflow.balancer.timebase import LoopTime, TimeSource, sleep_s
+from evenflow.balancer.turns import DeviceTurns
 from evenflow.balancer.watchdog import Watchdog
 
 logger = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ class Replica:
         self._last_done_s = -math.inf
         self._restart_task: asyncio.Task[None] | None = None
         self._ledger = ledger  # models sharing devices: their replicas' work delays this one
+        self._turn: tuple[DeviceTurns, str] | None = None  # the shared device this batch holds
 
     @property
     def name(self) -> str:
@@ -319,7 +321,10 @@ class Replica:
             while True:
                 jobs = await self._next_batch()
                 if jobs:
-                    await self._execute(jobs)
+                    try:
+                        await self._execute(jobs)
+                    finally:
+                        self._end_turn()
         # A pipeline takes several batches at once: one per stage, plus one waiting at the door.
         slots = asyncio.Semaphore(self._max_in_flight)
         while True:
@@ -358,6 +363,11 @@ class Replica:
             alone = owner is not None and not owner.others_in_flight(self)
             if queue.num_samples >= size or wait_s <= 0.0 or self._close_early or alone:
                 self.forming = self._close_early = False
+                if await self._take_turn():
+                    # The device was another model's until now: more may have queued, and the
+                    # oldest request has waited longer, so the batch is sized afresh.
+                    now_s = self._clock()
+                    size = self._next_batch_size(now_s, 0.0)
                 if queue.num_samples < size and stealer is not None:
                     stealer.find_work(self)  # top the batch up from busier replicas' queues
                 cpu = self._model_counters.cpu
@@ -370,9 +380,28 @@ class Replica:
                     cpu.add("batching", time.thread_time() - started_s)
                 if jobs:
                     return jobs
+                self._end_turn()
                 continue
             self.forming = True
             await queue.wait_changed(wait_s)
+
+    async def _take_turn(self) -> bool:
+        """On a device shared with other models' replicas (one device, one batch at a time),
+        wait for this replica's turn there (``DeviceTurns``); True when it waited for one."""
+        if self._ledger is None or self._max_in_flight > 1 or len(self.devices) != 1 \
+                or not self._ledger.shared(self):
+            return False
+        device = self.devices[0]
+        turns = self._ledger.turns
+        await turns.take(device, self._queue.earliest_due_s)
+        self._turn = (turns, device)
+        return True
+
+    def _end_turn(self) -> None:
+        if self._turn is not None:
+            turns, device = self._turn
+            self._turn = None
+            turns.give_back(device)
 
     async def _execute(self, jobs: list[Job]) -> None:
         num_samples = sum(job.num_samples for job in jobs)
@@ -495,10 +524,10 @@ class Replica:
         # this loop: the device time plus the hand-offs to the worker and back and any delay of
         # a busy loop. That is what the fit learns (it lands in ``a``), so batch sizes and
         # admission budget for it. Batches that overlap (a pipeline) share the wall time, and on
-        # a device shared with other models the wall time holds the wait for their batches
-        # (priced through the ledger): those learn the device time.
-        batch_s = device_s if self._max_in_flight > 1 or self._shares_device() \
-            else max(device_s, now_s - start_s)
+        # a device shared with other models without a turn there the wall time holds the wait
+        # for their batches (priced through the ledger): those learn the device time.
+        overlapped = self._max_in_flight > 1 or (self._turn is None and self._shares_device())
+        batch_s = device_s if overlapped else max(device_s, now_s - start_s)
         self._estimator.observe(num_samples, batch_s)
         self._controller.update(self._estimator.fit, num_samples, batch_s)
         self.stats.record_batch(num_samples, len(jobs), now_s - device_s, now_s)

@@ -590,9 +590,55 @@ async def test_a_cold_replica_on_a_shared_device_does_not_make_it_look_infinitel
     await settle()
     assert math.isinf(cold.replicas[0].own_load(fake_time()).work_s(1))
     assert math.isfinite(warm.replicas[0].load(fake_time()).work_s(1))
-    assert await warm.submit("x", 1) == ("out", "x")
+    served = warm.submit("x", 1)
+    await settle()
+    assert not served.done()  # the device is the probe's turn until its batch ends
     cold_worker.release()
     await probe
+    assert await served == ("out", "x")
+
+
+async def test_on_a_shared_device_a_batch_is_formed_when_its_turn_comes(
+        make_balancer: BalancerFactory) -> None:
+    # Model b's first request is ready while model a's batch holds dev0; the requests that
+    # reach b during that batch join b's, which is taken from the queue only once dev0 is b's.
+    ledger = DeviceLedger()
+    a_worker = FakeWorker("a", gated=True, devices=("dev0",))
+    b_worker = FakeWorker("b", gated=True, devices=("dev0",))
+    a = make_balancer([a_worker], model_name="a", ledger=ledger, adaptive_batching=False,
+                      max_batch=8)
+    b = make_balancer([b_worker], model_name="b", ledger=ledger, adaptive_batching=False,
+                      max_batch=8)
+    first = a.submit("a0", 1)
+    await settle()
+    assert a_worker.batches == [[1]]
+    waiting = [b.submit(f"b{i}", 1) for i in range(3)]
+    await settle()
+    assert not b_worker.batches and ledger.turns.waiting("dev0") == 1
+    a_worker.release()
+    await settle()
+    assert b_worker.batches == [[1, 1, 1]]  # one batch, formed after a's turn ended
+    assert not a_worker.num_waiting
+    b_worker.release()
+    assert [await f for f in (first, *waiting)] == [("out", p) for p in ("a0", "b0", "b1", "b2")]
+    assert not ledger.turns.held("dev0")
+
+
+async def test_a_failed_batch_on_a_shared_device_hands_the_turn_on(
+        make_balancer: BalancerFactory) -> None:
+    ledger = DeviceLedger()
+    failing = FakeWorker("a", gated=True, devices=("dev0",), fail_with=[RuntimeError("oom")])
+    a = make_balancer([failing], model_name="a", ledger=ledger)
+    b = make_balancer([FakeWorker("b", devices=("dev0",))], model_name="b", ledger=ledger)
+    doomed = a.submit("a0", 1)
+    await settle()
+    served = b.submit("b0", 1)
+    await settle()
+    assert not served.done()
+    failing.release()
+    with pytest.raises(BatchFailed, match="oom"):
+        await doomed
+    assert await served == ("out", "b0")  # the failure ended a's turn; b's came
 
 
 async def test_an_added_replica_takes_work_at_once(make_balancer) -> None:
