@@ -18,11 +18,11 @@ import pytest
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
-# slow: SIGTERM under load, five runs in each process mode.
+# slow: SIGTERM under load, three runs in each process mode.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
               pytest.mark.usefixtures("server_mode")]
 
-RUNS = 5
+RUNS = 3
 CHANNELS = 4  # connections (each front-end process gets some)
 UNARY_PER_CHANNEL = 8  # 32 unary clients
 STREAM_IN_FLIGHT = 4  # requests each stream (one per channel) keeps open
