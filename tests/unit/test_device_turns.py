@@ -51,12 +51,17 @@ async def test_the_next_turn_goes_to_the_earliest_due_then_to_who_asked_first() 
     await asyncio.gather(*tasks)
 
 
+async def held_with_two_waiting(turns: DeviceTurns) -> tuple[asyncio.Task[None], ...]:
+    """dev0 held, and two waiters in line for it: due at 1 s, then at 2 s."""
+    await turns.take("dev0", due_s=0.0)
+    waiters = tuple(asyncio.create_task(turns.take("dev0", due_s=due_s)) for due_s in (1.0, 2.0))
+    await settle()
+    return waiters
+
+
 async def test_a_waiter_cancelled_before_its_turn_leaves_the_line() -> None:
     turns = DeviceTurns()
-    await turns.take("dev0", due_s=0.0)
-    gone = asyncio.create_task(turns.take("dev0", due_s=1.0))
-    kept = asyncio.create_task(turns.take("dev0", due_s=2.0))
-    await settle()
+    gone, kept = await held_with_two_waiting(turns)
     gone.cancel()
     await settle()
     assert turns.waiting("dev0") == 1
@@ -69,10 +74,7 @@ async def test_a_waiter_cancelled_before_its_turn_leaves_the_line() -> None:
 
 async def test_a_waiter_cancelled_as_its_turn_came_passes_it_on() -> None:
     turns = DeviceTurns()
-    await turns.take("dev0", due_s=0.0)
-    unlucky = asyncio.create_task(turns.take("dev0", due_s=1.0))
-    after = asyncio.create_task(turns.take("dev0", due_s=2.0))
-    await settle()
+    unlucky, after = await held_with_two_waiting(turns)
     turns.give_back("dev0")  # unlucky's turn is granted...
     unlucky.cancel()  # ...and it is cancelled before it could run
     await settle()
