@@ -641,6 +641,27 @@ async def test_a_failed_batch_on_a_shared_device_hands_the_turn_on(
     assert await served == ("out", "b0")  # the failure ended a's turn; b's came
 
 
+async def test_a_model_closed_while_it_waits_for_a_turn_fails_its_requests_and_leaves_the_line(
+        make_balancer: BalancerFactory) -> None:
+    ledger = DeviceLedger()
+    holder = FakeWorker("a", gated=True, devices=("dev0",))
+    a = make_balancer([holder], model_name="a", ledger=ledger)
+    b = make_balancer([FakeWorker("b", devices=("dev0",))], model_name="b", ledger=ledger)
+    running = a.submit("a0", 1)
+    await settle()
+    waiting = b.submit("b0", 1)
+    await settle()
+    assert ledger.turns.waiting("dev0") == 1
+    await b.close()
+    with pytest.raises(ShuttingDown):
+        await waiting
+    assert ledger.turns.waiting("dev0") == 0
+    holder.release()
+    assert await running == ("out", "a0")
+    await settle()
+    assert not ledger.turns.held("dev0")  # nobody left in line: the device is free again
+
+
 async def test_an_added_replica_takes_work_at_once(make_balancer) -> None:
     busy = FakeWorker("busy", gated=True)
     balancer = make_balancer([busy], policy=Policy.LEAST_WORK)
