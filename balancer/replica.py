@@ -310,6 +310,7 @@ class Replica:
             num_batches=self.stats.num_batches, num_samples=self.stats.num_samples,
             num_requests=self.stats.num_requests,
             num_stolen_requests=self.stats.num_stolen_requests,
+            turn_wait_s=self.stats.turn_wait_s,
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
             stages=status.stages, num_repartitions=status.num_repartitions,
@@ -393,8 +394,10 @@ class Replica:
             return False
         device = self.devices[0]
         turns = self._ledger.turns
+        asked_s = self._clock()
         await turns.take(device, self._queue.earliest_due_s)
         self._turn = (turns, device)
+        self.stats.turn_wait_s += self._clock() - asked_s
         return True
 
     def _end_turn(self) -> None:

@@ -284,6 +284,7 @@ class ReplicaSnapshot:
     location: str = ""  # where the worker runs (its host's name for it; "" in this process)
     unusable_reason: str = ""  # why the replica is out of routing for good (a lost device)
     num_requests: int = 0  # answered by its batches
+    turn_wait_s: float = 0.0  # waiting for a turn on a device shared with other models
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +310,9 @@ class ReplicaCounters:
         self.num_samples = 0
         self.num_requests = 0
         self.num_stolen_requests = 0
+        # Seconds ready batches waited for a turn on a device shared with other models: what
+        # sharing costs this replica.
+        self.turn_wait_s = 0.0
         self.batch_size_counts: Counter[int] = Counter()
 
     def record_batch(self, num_samples: int, num_requests: int, start_s: float,

@@ -13,7 +13,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, model_name: _Optional[str] = ...) -> None: ...
 
 class ReplicaStats(_message.Message):
-    __slots__ = ("name", "devices", "busy_fraction", "queued_requests", "queued_samples", "outstanding_work_s", "batch_size", "fit_base_s", "fit_per_sample_s", "fit_reliable", "num_batches", "num_samples", "batch_size_counts", "busy_s", "num_stolen_requests", "running_requests", "stages", "num_repartitions", "healthy", "restarts", "location", "unusable_reason", "num_requests")
+    __slots__ = ("name", "devices", "busy_fraction", "queued_requests", "queued_samples", "outstanding_work_s", "batch_size", "fit_base_s", "fit_per_sample_s", "fit_reliable", "num_batches", "num_samples", "batch_size_counts", "busy_s", "num_stolen_requests", "running_requests", "stages", "num_repartitions", "healthy", "restarts", "location", "unusable_reason", "num_requests", "turn_wait_s")
     class BatchSizeCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class ReplicaStats(_message.Message):
     LOCATION_FIELD_NUMBER: _ClassVar[int]
     UNUSABLE_REASON_FIELD_NUMBER: _ClassVar[int]
     NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    TURN_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     name: str
     devices: _containers.RepeatedScalarFieldContainer[str]
     busy_fraction: float
@@ -67,7 +68,8 @@ class ReplicaStats(_message.Message):
     location: str
     unusable_reason: str
     num_requests: int
-    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., busy_fraction: _Optional[float] = ..., queued_requests: _Optional[int] = ..., queued_samples: _Optional[int] = ..., outstanding_work_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., fit_base_s: _Optional[float] = ..., fit_per_sample_s: _Optional[float] = ..., fit_reliable: _Optional[bool] = ..., num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., batch_size_counts: _Optional[_Mapping[int, int]] = ..., busy_s: _Optional[float] = ..., num_stolen_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PipelineStage, _Mapping]]] = ..., num_repartitions: _Optional[int] = ..., healthy: _Optional[bool] = ..., restarts: _Optional[int] = ..., location: _Optional[str] = ..., unusable_reason: _Optional[str] = ..., num_requests: _Optional[int] = ...) -> None: ...
+    turn_wait_s: float
+    def __init__(self, name: _Optional[str] = ..., devices: _Optional[_Iterable[str]] = ..., busy_fraction: _Optional[float] = ..., queued_requests: _Optional[int] = ..., queued_samples: _Optional[int] = ..., outstanding_work_s: _Optional[float] = ..., batch_size: _Optional[int] = ..., fit_base_s: _Optional[float] = ..., fit_per_sample_s: _Optional[float] = ..., fit_reliable: _Optional[bool] = ..., num_batches: _Optional[int] = ..., num_samples: _Optional[int] = ..., batch_size_counts: _Optional[_Mapping[int, int]] = ..., busy_s: _Optional[float] = ..., num_stolen_requests: _Optional[int] = ..., running_requests: _Optional[int] = ..., stages: _Optional[_Iterable[_Union[PipelineStage, _Mapping]]] = ..., num_repartitions: _Optional[int] = ..., healthy: _Optional[bool] = ..., restarts: _Optional[int] = ..., location: _Optional[str] = ..., unusable_reason: _Optional[str] = ..., num_requests: _Optional[int] = ..., turn_wait_s: _Optional[float] = ...) -> None: ...
 
 class PipelineStage(_message.Message):
     __slots__ = ("device", "first_layer", "last_layer", "planned_s", "measured_s", "memory_bytes")

@@ -25,6 +25,7 @@ def _replica(snapshot: ReplicaSnapshot) -> ef.ReplicaStats:
         fit_per_sample_s=snapshot.fit_per_sample_s, fit_reliable=snapshot.fit_reliable,
         num_batches=snapshot.num_batches, num_samples=snapshot.num_samples,
         num_requests=snapshot.num_requests, num_stolen_requests=snapshot.num_stolen_requests,
+        turn_wait_s=snapshot.turn_wait_s,
         running_requests=snapshot.running_requests,
         stages=[ef.PipelineStage(**stage) for stage in snapshot.stages],
         num_repartitions=snapshot.num_repartitions, healthy=snapshot.healthy,

@@ -4,6 +4,7 @@ per-replica state, and the endpoint's answers to requests it does not serve."""
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 
 import numpy as np
@@ -102,6 +103,23 @@ async def test_metrics_count_requests_per_model_and_show_each_replica() -> None:
     assert sum(int(labels["batch_size"]) * v for labels, v in by_size) == 24
     assert value(samples, "evenflow_latency_target_seconds", model="sim") == 0.05
     assert "nv_gpu_utilization" not in samples  # no GPU here: no GPU metrics, not zeros
+
+
+async def test_two_models_on_one_device_show_what_their_turns_cost() -> None:
+    # 20 ms batches of two models, both loaded at once: each waits for the other's batches.
+    async with running_app((("a", "sim"), ("b", "sim")), devices="sim:1",
+                           sim_profile=SimProfile(base_ms=20.0, per_sample_ms=0.1),
+                           balancer=BalancerConfig(max_wait_s=0.0, max_queue_delay_s=math.inf),
+                           metrics_port=0) as (app, url), AsyncClient(url) as client:
+        x = np.ones((1, 256), np.float32)
+        await asyncio.gather(*(client.infer(model, {"x": x}) for model in "ab" for _ in range(8)))
+        status, _, body = await http(
+            app.metrics_port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+    assert status == 200
+    waits = {labels["model"]: v for labels, v
+             in parse(body.decode())["evenflow_replica_turn_wait_seconds_total"]}
+    assert set(waits) == {"a", "b"}
+    assert sum(waits.values()) >= 0.02  # at least one whole batch of the other's was waited out
 
 
 @pytest.mark.parametrize(("request_bytes", "status"), [

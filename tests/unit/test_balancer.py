@@ -599,7 +599,7 @@ async def test_a_cold_replica_on_a_shared_device_does_not_make_it_look_infinitel
 
 
 async def test_on_a_shared_device_a_batch_is_formed_when_its_turn_comes(
-        make_balancer: BalancerFactory) -> None:
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     # Model b's first request is ready while model a's batch holds dev0; the requests that
     # reach b during that batch join b's, which is taken from the queue only once dev0 is b's.
     ledger = DeviceLedger()
@@ -615,9 +615,12 @@ async def test_on_a_shared_device_a_batch_is_formed_when_its_turn_comes(
     waiting = [b.submit(f"b{i}", 1) for i in range(3)]
     await settle()
     assert not b_worker.batches and ledger.turns.waiting("dev0") == 1
+    fake_time.advance(0.004)  # a's batch runs on
     a_worker.release()
     await settle()
     assert b_worker.batches == [[1, 1, 1]]  # one batch, formed after a's turn ended
+    assert b.replicas[0].stats.turn_wait_s == pytest.approx(0.004)  # sharing's cost, counted
+    assert a.replicas[0].stats.turn_wait_s == 0.0
     assert not a_worker.num_waiting
     b_worker.release()
     assert [await f for f in (first, *waiting)] == [("out", p) for p in ("a0", "b0", "b1", "b2")]
