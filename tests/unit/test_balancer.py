@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -627,17 +628,26 @@ async def test_on_a_shared_device_a_batch_is_formed_when_its_turn_comes(
     assert not ledger.turns.held("dev0")
 
 
+async def b_waits_behind_a(make_balancer: BalancerFactory, a_worker: FakeWorker
+                           ) -> tuple[DeviceLedger, ModelBalancer, asyncio.Future[Any],
+                                      asyncio.Future[Any]]:
+    """Models a and b on dev0: a's request runs on ``a_worker`` (gated) while b's waits for
+    the turn. The ledger, b's balancer, a's request and b's."""
+    ledger = DeviceLedger()
+    a = make_balancer([a_worker], model_name="a", ledger=ledger)
+    b = make_balancer([FakeWorker("b", devices=("dev0",))], model_name="b", ledger=ledger)
+    running = a.submit("a0", 1)
+    await settle()
+    waiting = b.submit("b0", 1)
+    await settle()
+    assert not waiting.done() and ledger.turns.waiting("dev0") == 1
+    return ledger, b, running, waiting
+
+
 async def test_a_failed_batch_on_a_shared_device_hands_the_turn_on(
         make_balancer: BalancerFactory) -> None:
-    ledger = DeviceLedger()
     failing = FakeWorker("a", gated=True, devices=("dev0",), fail_with=[RuntimeError("oom")])
-    a = make_balancer([failing], model_name="a", ledger=ledger)
-    b = make_balancer([FakeWorker("b", devices=("dev0",))], model_name="b", ledger=ledger)
-    doomed = a.submit("a0", 1)
-    await settle()
-    served = b.submit("b0", 1)
-    await settle()
-    assert not served.done()
+    _, _, doomed, served = await b_waits_behind_a(make_balancer, failing)
     failing.release()
     with pytest.raises(BatchFailed, match="oom"):
         await doomed
@@ -646,15 +656,8 @@ async def test_a_failed_batch_on_a_shared_device_hands_the_turn_on(
 
 async def test_a_model_closed_while_it_waits_for_a_turn_fails_its_requests_and_leaves_the_line(
         make_balancer: BalancerFactory) -> None:
-    ledger = DeviceLedger()
     holder = FakeWorker("a", gated=True, devices=("dev0",))
-    a = make_balancer([holder], model_name="a", ledger=ledger)
-    b = make_balancer([FakeWorker("b", devices=("dev0",))], model_name="b", ledger=ledger)
-    running = a.submit("a0", 1)
-    await settle()
-    waiting = b.submit("b0", 1)
-    await settle()
-    assert ledger.turns.waiting("dev0") == 1
+    ledger, b, running, waiting = await b_waits_behind_a(make_balancer, holder)
     await b.close()
     with pytest.raises(ShuttingDown):
         await waiting
