@@ -365,8 +365,8 @@ class Replica:
             if queue.num_samples >= size or wait_s <= 0.0 or self._close_early or alone:
                 self.forming = self._close_early = False
                 if await self._take_turn():
-                    # The device was another model's until now: more may have queued, and the
-                    # oldest request has waited longer, so the batch is sized afresh.
+                    # The device may have been another model's until now: more may have
+                    # queued, and the oldest request has waited longer: sized afresh.
                     now_s = self._clock()
                     size = self._next_batch_size(now_s, 0.0)
                 if queue.num_samples < size and stealer is not None:
@@ -388,7 +388,8 @@ class Replica:
 
     async def _take_turn(self) -> bool:
         """On a device shared with other models' replicas (one device, one batch at a time),
-        wait for this replica's turn there (``DeviceTurns``); True when it waited for one."""
+        wait for this replica's turn there (``DeviceTurns``); True once it holds one (at once
+        or after the others' batches), False where it takes no turns."""
         if self._ledger is None or self._max_in_flight > 1 or len(self.devices) != 1 \
                 or not self._ledger.shared(self):
             return False
