@@ -45,6 +45,7 @@ class PageRows(HTMLParser):
         super().__init__()
         self.rates: dict[str, float] = {}
         self.healthy: dict[str, bool] = {}
+        self.turn_waits: dict[str, float] = {}  # by model, on a device shared by models
         self.polls = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
@@ -55,6 +56,8 @@ class PageRows(HTMLParser):
         if device is not None and values.get("data-rate") is not None:
             self.rates[device] = float(values["data-rate"] or 0)
             self.healthy[device] = values.get("data-healthy") == "true"
+            self.turn_waits[values.get("data-model") or ""] = \
+                float(values.get("data-turn-wait") or 0)
 
 
 def parse_page(dom: str) -> PageRows:
@@ -132,3 +135,19 @@ async def test_the_page_shows_every_device_with_a_rate(
         await chromium(profile, f"--virtual-time-budget={VIRTUAL_TIME_MS}", "--hide-scrollbars",
                        "--window-size=1200,800", f"--screenshot={shot}", base + "/")
     assert shot.read_bytes().startswith(PNG_MAGIC)
+
+
+async def test_models_sharing_a_device_show_how_long_they_wait_for_their_turns(
+        server_factory: Callable[..., ServerProcess], tmp_path: Path) -> None:
+    server = server_factory("--model", "a=sim", "--model", "b=sim", "--devices", "sim:1",
+                            "--sim-base-ms", "20", "--http-port", "0", "--no-warmup")
+    base = http_url(server)
+    async with Load(server.url, 4, model="a") as a, Load(server.url, 4, model="b") as b:
+        await a.until(lambda: sum(a.ok.values()) >= 8, timeout_s=30)
+        await b.until(lambda: sum(b.ok.values()) >= 8, timeout_s=30)
+        rows = await page_until(tmp_path / "chromium-profile", base + "/",
+                                lambda rows: rows.polls >= 2 and len(rows.turn_waits) == 2
+                                and all(wait > 0 for wait in rows.turn_waits.values()))
+    # Two closed loops of 20 ms batches on one device: each waits for the other's batches.
+    assert set(rows.turn_waits) == {"a", "b"}
+    assert all(0 < wait <= 1 for wait in rows.turn_waits.values()), rows.turn_waits
