@@ -4,7 +4,6 @@ per-replica state, and the endpoint's answers to requests it does not serve."""
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 
 import numpy as np
@@ -109,7 +108,6 @@ async def test_two_models_on_one_device_show_what_their_turns_cost() -> None:
     # 20 ms batches of two models, both loaded at once: each waits for the other's batches.
     async with running_app((("a", "sim"), ("b", "sim")), devices="sim:1",
                            sim_profile=SimProfile(base_ms=20.0, per_sample_ms=0.1),
-                           balancer=BalancerConfig(max_wait_s=0.0, max_queue_delay_s=math.inf),
                            metrics_port=0) as (app, url), AsyncClient(url) as client:
         x = np.ones((1, 256), np.float32)
         await asyncio.gather(*(client.infer(model, {"x": x}) for model in "ab" for _ in range(8)))
