@@ -116,9 +116,7 @@ async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float,
     loop = asyncio.get_running_loop()
     phases = [(WARMUP_S, scenario.phases[0].shares), *((p.seconds, p.shares)
                                                        for p in scenario.phases)]
-    run = Run([[] for _ in scenario.phases], [0] * len(scenario.phases),
-              [0] * len(scenario.phases),
-              [0] * int(sum(p.seconds for p in scenario.phases) + 1), [])
+    run = Run.empty(len(scenario.phases), sum(p.seconds for p in scenario.phases))
     counts = Counts()
     sample = {"x": np.ones((1, 256), np.float32)}
     rng = random.Random(seed)
@@ -154,6 +152,8 @@ async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float,
                 counted = phase >= 0 and now_s >= phase_start_s + SETTLE_S
                 if counted:
                     run.phase_sent[phase] += 1
+                if phase >= 0:
+                    run.sent_by_second[int(now_s - measured_from_s)] += 1
                 counts.sent += 1
                 task = loop.create_task(one(rng.choices(names, weights)[0], now_s, phase,
                                             counted, measured_from_s))

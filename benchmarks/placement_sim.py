@@ -219,7 +219,8 @@ class RayLikeAutoscaler:
 @dataclass(slots=True)
 class Run:
     """One run's answers: per phase, the latencies of requests arriving after the settling
-    time, and errors; per second, answers within the SLO; and the live placement over time."""
+    time, and errors; per second, the requests sent and those answered within the SLO; and
+    the live placement over time."""
 
     phase_latencies_s: list[list[float]]
     phase_sent: list[int]
@@ -227,6 +228,12 @@ class Run:
     ok_by_second: list[int]
     placements: list[tuple[float, Placement]]
     moves: tuple[MoveRecord, ...] = ()
+    sent_by_second: list[int] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, phases: int, seconds: float) -> Run:
+        return cls([[] for _ in range(phases)], [0] * phases, [0] * phases,
+                   [0] * int(seconds + 1), [], sent_by_second=[0] * int(seconds + 1))
 
 
 class _Serving:
@@ -296,8 +303,7 @@ async def run_scenario(scenario: Scenario, strategy_name: str, slo_s: float, rat
             speeds_now[device] /= factor
             loop.call_at(bounds_s[index], _set_speed, serving.gpus[f"sim{device}"],
                          speeds_now[device])
-    result = Run([[] for _ in scenario.phases], [0] * len(scenario.phases),
-                 [0] * len(scenario.phases), [0] * int(bounds_s[-1] - bounds_s[1] + 1), [])
+    result = Run.empty(len(scenario.phases), bounds_s[-1] - bounds_s[1])
     rng = random.Random(seed)
     pending: list[asyncio.Future[object]] = []
 
@@ -327,6 +333,8 @@ async def run_scenario(scenario: Scenario, strategy_name: str, slo_s: float, rat
                 next_sample_s += 0.5
             counted = measured >= 0 and now_s >= bounds_s[index] + settle_s
             result.phase_sent[measured] += counted
+            if measured >= 0:
+                result.sent_by_second[int(now_s - bounds_s[1])] += 1
             try:
                 future = serving.balancers[rng.choices(names, weights)[0]].submit(None, 1)
             except EvenflowError:
