@@ -23,6 +23,7 @@ from evenflow.balancer.placement.inventory import (
     Placement,
     devices_of,
     memory_used_bytes,
+    models_on,
 )
 from evenflow.balancer.placement.moves import Move, floor_replicas, order_moves, required
 
@@ -65,7 +66,7 @@ def candidate_moves(placement: Placement, devices: Sequence[DeviceInfo],
     counts = {name: len(devices_of(placement, name)) for name in profiles}
     for device in devices:
         free = _free_bytes(placement, device, profiles)
-        here = [name for name, where in placement if where == device.name]
+        here = models_on(placement, device.name)  # sorted: ties break the same every run
         droppable = [name for name in here
                      if device.name not in profiles[name].pinned
                      and counts[name] > floor_replicas(profiles[name],

@@ -23,7 +23,12 @@ from evenflow.balancer.placement.inventory import (
     fits,
 )
 from evenflow.balancer.placement.moves import Move, floor_replicas, order_moves
-from evenflow.balancer.placement.planner import PlannerSettings, propose, propose_greedy
+from evenflow.balancer.placement.planner import (
+    PlannerSettings,
+    candidate_moves,
+    propose,
+    propose_greedy,
+)
 from evenflow.balancer.placement.simplex import maximize
 from evenflow.balancer.placement.tuner import MoveBudget, Tuner, TunerSettings
 
@@ -242,3 +247,15 @@ def test_cost_book_prefers_measurements_and_rescales_them() -> None:
     assert book.cost("m", "d2", prior).batch_s(1) == pytest.approx(0.024)
     book.forget("m")
     assert math.isclose(book.cost("m", "d0", prior).batch_s(1), prior.batch_s(1))
+
+
+def test_candidate_moves_come_in_the_same_order_whatever_the_string_hashes() -> None:
+    # The greedy search keeps the first of equally good moves, so their order decides the plan;
+    # a frozenset's order follows string hashes, which differ between processes.
+    small = {f"m{i}": profile(f"m{i}", 2) for i in range(6)}
+    placement: Placement = frozenset((name, "d0") for name in reversed(sorted(small)))
+    placement |= {(name, "d1") for name in small}
+    drops = [step[0].model for step, _ in candidate_moves(placement, DEVICES, small,
+                                                          dict.fromkeys(small, 10.0))
+             if len(step) == 1 and step[0].kind == "drop" and step[0].device == "d0"]
+    assert drops == sorted(small)
