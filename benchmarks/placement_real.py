@@ -1,14 +1,15 @@
 """The shifting-mix placement scenario through a real server over gRPC, beside the same
 scenario in virtual time.
 
-    python -m benchmarks.placement_real [--slo-ms 100] [--out .bench/placement_real]
+    python -m benchmarks.placement_real [--slo-ms 100] [--stream] [--out .bench/placement_real]
 
 A server on ``sim:1,sim:1,sim:0.5,sim:0.25`` with the scenario's declared memory serves its
 three ``sim`` models (their batch costs, memory and a 2 s simulated load time declared in the
 configuration file) with ``--placement auto``: replicas are really loaded, warmed up and
 drained. A client process sends the scenario's open-loop traffic (a warm-up at the first mix,
-then the phases) with evenflow's ``AsyncClient`` and no retries, and counts every answer by
-status: a request lost or failed because a replica moved shows there. The SLO search
+then the phases) with evenflow's ``AsyncClient`` and no retries, one unary call per request or
+(``--stream``) over one ModelStreamInfer stream per model, and counts every answer by status:
+a request lost or failed because a replica moved shows there. The SLO search
 (``evenflow loadtest --slo-ms``'s) runs over fresh servers, one per probe, judged like the
 virtual one (every phase, after the settling time, within the SLO with at most 1 % errors);
 the virtual-time search of the same scenario starts from the placement the real server chose
@@ -22,10 +23,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import random
 import statistics
 import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +50,7 @@ from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
 WARMUP_S = 10.0
 SETTLE_S = 12.0
+Inputs = Mapping[str, np.ndarray]
 
 
 def config_text(scenario: Scenario, slo_s: float) -> str:
@@ -109,60 +113,150 @@ async def measured_overheads(url: str, scenario: Scenario, counts: Counts) -> Ov
                      max(0.0, sum(excess_s) / len(excess_s)) if excess_s else 0.0)
 
 
-async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float,
-                seed: int) -> tuple[Run, Counts]:
-    """The scenario's traffic against the server at ``url``; the same ``Run`` record as the
-    virtual run (placements over time are not sampled here)."""
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request of the scenario: when it was due to be sent, in which phase (-1: the
+    warm-up) and whether it counts (after the phase's settling time)."""
+
+    model: str
+    at_s: float
+    phase: int
+    counted: bool
+
+
+@dataclass(slots=True)
+class Tally:
+    """Counts each request of a run as it is sent and answered, into the ``Run`` record the
+    virtual run makes and into ``Counts``. Latency runs from when a request was due, so a
+    client that falls behind shows as latency rather than as a lower rate."""
+
+    run: Run
+    counts: Counts
+    slo_s: float
+    measured_from_s: float
+
+    def sent(self, arrival: Arrival) -> None:
+        self.counts.sent += 1
+        if arrival.phase >= 0:
+            self.run.sent_by_second[int(arrival.at_s - self.measured_from_s)] += 1
+            self.run.phase_sent[arrival.phase] += arrival.counted
+
+    def failed(self, arrival: Arrival, error: Exception) -> None:
+        self.counts.by_status[type(error).__name__] += 1
+        if arrival.phase >= 0:
+            self.run.phase_errors[arrival.phase] += arrival.counted
+
+    def answered(self, arrival: Arrival, now_s: float) -> None:
+        latency_s = now_s - arrival.at_s
+        self.counts.ok += 1
+        self.counts.ok_latency_s += latency_s
+        if arrival.phase >= 0:
+            if arrival.counted:
+                self.run.phase_latencies_s[arrival.phase].append(latency_s)
+            if latency_s <= self.slo_s:
+                self.run.ok_by_second[int(arrival.at_s - self.measured_from_s)] += 1
+
+
+async def arrivals(scenario: Scenario, rate_per_s: float, seed: int,
+                   begin_s: float) -> AsyncIterator[Arrival]:
+    """The scenario's open-loop requests (a warm-up at the first mix, then the phases), each
+    yielded at its time."""
     loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
     phases = [(WARMUP_S, scenario.phases[0].shares), *((p.seconds, p.shares)
                                                        for p in scenario.phases)]
-    run = Run.empty(len(scenario.phases), sum(p.seconds for p in scenario.phases))
-    counts = Counts()
-    sample = {"x": np.ones((1, 256), np.float32)}
-    rng = random.Random(seed)
-    tasks: set[asyncio.Task[None]] = set()
-    async with AsyncClient(url, retries=0) as client:
-        async def one(model: str, arrived_s: float, phase: int, counted: bool,
-                      measured_from_s: float) -> None:
-            try:
-                await client.infer(model, sample, timeout_s=30.0)
-            except InferenceServerError as exc:
-                counts.by_status[type(exc).__name__] += 1
-                run.phase_errors[phase] += counted and phase >= 0
-                return
-            counts.ok += 1
-            latency_s = loop.time() - arrived_s
-            counts.ok_latency_s += latency_s
-            if phase >= 0:
-                if counted:
-                    run.phase_latencies_s[phase].append(latency_s)
-                if latency_s <= slo_s:
-                    run.ok_by_second[int(arrived_s - measured_from_s)] += 1
+    phase_start_s = now_s = begin_s
+    for index, (seconds, shares) in enumerate(phases):
+        names = sorted(shares)
+        weights = [shares[n] for n in names]
+        while (now_s := now_s + rng.expovariate(rate_per_s)) < phase_start_s + seconds:
+            await asyncio.sleep(max(0.0, now_s - loop.time()))
+            yield Arrival(rng.choices(names, weights)[0], now_s, index - 1,
+                          index > 0 and now_s >= phase_start_s + SETTLE_S)
+        phase_start_s += seconds
+        now_s = phase_start_s
 
-        begin_s = loop.time()
-        measured_from_s = begin_s + WARMUP_S
-        phase_start_s = begin_s
-        now_s = begin_s
-        for index, (seconds, shares) in enumerate(phases):
-            names = sorted(shares)
-            weights = [shares[n] for n in names]
-            phase = index - 1
-            while (now_s := now_s + rng.expovariate(rate_per_s)) < phase_start_s + seconds:
-                await asyncio.sleep(max(0.0, now_s - loop.time()))
-                counted = phase >= 0 and now_s >= phase_start_s + SETTLE_S
-                if counted:
-                    run.phase_sent[phase] += 1
-                if phase >= 0:
-                    run.sent_by_second[int(now_s - measured_from_s)] += 1
-                counts.sent += 1
-                task = loop.create_task(one(rng.choices(names, weights)[0], now_s, phase,
-                                            counted, measured_from_s))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            phase_start_s += seconds
-            now_s = phase_start_s
+
+async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float, seed: int,
+                *, stream: bool = False) -> tuple[Run, Counts]:
+    """The scenario's traffic against the server at ``url``, one unary ModelInfer call per
+    request or (``stream``) over one ModelStreamInfer stream per model; the same ``Run``
+    record as the virtual run (placements over time are not sampled here)."""
+    loop = asyncio.get_running_loop()
+    begin_s = loop.time()
+    tally = Tally(Run.empty(len(scenario.phases), sum(p.seconds for p in scenario.phases)),
+                  Counts(), slo_s, begin_s + WARMUP_S)
+    sample = {"x": np.ones((1, 256), np.float32)}
+    async with AsyncClient(url, retries=0) as client:
+        send = _streams(client, sample, tally) if stream else _unary(client, sample, tally)
+        async with send as submit:
+            async for arrival in arrivals(scenario, rate_per_s, seed, begin_s):
+                tally.sent(arrival)
+                submit(arrival)
+    return tally.run, tally.counts
+
+
+@contextlib.asynccontextmanager
+async def _unary(client: AsyncClient, sample: Inputs,
+                 tally: Tally) -> AsyncIterator[Callable[[Arrival], None]]:
+    """One task and one ModelInfer call per request; on exit, every call answered."""
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def one(arrival: Arrival) -> None:
+        try:
+            await client.infer(arrival.model, sample, timeout_s=30.0)
+        except InferenceServerError as exc:
+            tally.failed(arrival, exc)
+        else:
+            tally.answered(arrival, loop.time())
+
+    def submit(arrival: Arrival) -> None:
+        task = loop.create_task(one(arrival))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    try:
+        yield submit
+    finally:
         await asyncio.gather(*tasks)
-    return run, counts
+
+
+@contextlib.asynccontextmanager
+async def _streams(client: AsyncClient, sample: Inputs,
+                   tally: Tally) -> AsyncIterator[Callable[[Arrival], None]]:
+    """One ModelStreamInfer stream per model, opened on its first request; answers matched by
+    request id; on exit, the streams closed once every request on them is answered."""
+    loop = asyncio.get_running_loop()
+    outboxes: dict[str, asyncio.Queue[Inputs | None]] = {}
+    sent: dict[str, list[Arrival]] = {}
+    readers: list[asyncio.Task[None]] = []
+
+    async def requests(outbox: asyncio.Queue[Inputs | None]) -> AsyncIterator[Inputs]:
+        while (item := await outbox.get()) is not None:
+            yield item
+
+    async def read(model: str) -> None:
+        async for result in client.stream_infer(model, requests(outboxes[model])):
+            arrival = sent[model][int(result.request_id)]
+            if result.error is not None:
+                tally.failed(arrival, result.error)
+            else:
+                tally.answered(arrival, loop.time())
+
+    def submit(arrival: Arrival) -> None:
+        if arrival.model not in outboxes:
+            outboxes[arrival.model], sent[arrival.model] = asyncio.Queue(), []
+            readers.append(loop.create_task(read(arrival.model)))
+        sent[arrival.model].append(arrival)
+        outboxes[arrival.model].put_nowait(sample)
+
+    try:
+        yield submit
+    finally:
+        for outbox in outboxes.values():
+            outbox.put_nowait(None)
+        await asyncio.gather(*readers)
 
 
 @dataclass(slots=True)
@@ -170,6 +264,7 @@ class RealProbes:
     out: Path
     scenario: Scenario
     slo_s: float
+    stream: bool
     starts: list[Placement] = field(default_factory=list)
     counts: list[Counts] = field(default_factory=list)
     overheads: list[Overheads] = field(default_factory=list)
@@ -181,7 +276,8 @@ class RealProbes:
                        self.out / f"server-{len(self.counts)}.log")
         try:
             self.starts.append(await placement_of(server.url))
-            run, counts = await drive(server.url, self.scenario, self.slo_s, rate_per_s, seed)
+            run, counts = await drive(server.url, self.scenario, self.slo_s, rate_per_s, seed,
+                                      stream=self.stream)
             self.overheads.append(await measured_overheads(server.url, self.scenario, counts))
         finally:
             server.stop()
@@ -217,6 +313,8 @@ def _settings(slo_s: float, bound_per_s: float) -> SearchSettings:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slo-ms", type=float, default=100.0)
+    parser.add_argument("--stream", action="store_true",
+                        help="send over one ModelStreamInfer stream per model, not unary calls")
     parser.add_argument("--out", type=Path, default=Path(".bench/placement_real"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +322,7 @@ def main() -> None:
     slo_s = args.slo_ms / 1e3
     bound = bound_per_s(scenario, slo_s)
     started = time.perf_counter()
-    probes = RealProbes(args.out, scenario, slo_s)
+    probes = RealProbes(args.out, scenario, slo_s, args.stream)
     real = asyncio.run(search_goodput(probes.measure, _settings(slo_s, bound), first_seed=0))
     first = probes.starts[0]
     virtual = virtual_goodput(scenario, slo_s, first)
@@ -238,8 +336,10 @@ def main() -> None:
     failed = collections.Counter[str]()
     for counts in probes.counts:
         failed.update(counts.by_status)
-    summary = (f"shift, SLO {args.slo_ms:g} ms, auto: real server {real.goodput_per_s:.0f} "
-               f"req/s ({real.goodput_per_s / bound:.2f} of the bound {bound:.0f}), virtual "
+    calls = "ModelStreamInfer" if args.stream else "unary ModelInfer"
+    summary = (f"shift, SLO {args.slo_ms:g} ms, auto, {calls}: real server "
+               f"{real.goodput_per_s:.0f} req/s ({real.goodput_per_s / bound:.2f} of the bound "
+               f"{bound:.0f}), virtual "
                f"time {virtual:.0f} req/s ({virtual / bound:.2f}); real / virtual "
                f"{real.goodput_per_s / virtual:.2f}; virtual time with the real server's "
                f"measured overheads ({overheads.transport_s * 1e3:.1f} ms per request outside "
