@@ -1,14 +1,14 @@
 """The shifting-mix placement scenario through a real server over gRPC, beside the same
 scenario in virtual time.
 
-    python -m benchmarks.placement_real [--slo-ms 100] [--stream] [--out .bench/placement_real]
+    python -m benchmarks.placement_real [--slo-ms 100] [--streams N] [--out .bench/placement_real]
 
 A server on ``sim:1,sim:1,sim:0.5,sim:0.25`` with the scenario's declared memory serves its
 three ``sim`` models (their batch costs, memory and a 2 s simulated load time declared in the
 configuration file) with ``--placement auto``: replicas are really loaded, warmed up and
 drained. A client process sends the scenario's open-loop traffic (a warm-up at the first mix,
 then the phases) with evenflow's ``AsyncClient`` and no retries, one unary call per request or
-(``--stream``) over one ModelStreamInfer stream per model, and counts every answer by status:
+over ``--streams`` ModelStreamInfer streams per model, and counts every answer by status:
 a request lost or failed because a replica moved shows there. The SLO search
 (``evenflow loadtest --slo-ms``'s) runs over fresh servers, one per probe, judged like the
 virtual one (every phase, after the settling time, within the SLO with at most 1 % errors);
@@ -178,17 +178,18 @@ async def arrivals(scenario: Scenario, rate_per_s: float, seed: int,
 
 
 async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float, seed: int,
-                *, stream: bool = False) -> tuple[Run, Counts]:
+                *, streams: int = 0) -> tuple[Run, Counts]:
     """The scenario's traffic against the server at ``url``, one unary ModelInfer call per
-    request or (``stream``) over one ModelStreamInfer stream per model; the same ``Run``
-    record as the virtual run (placements over time are not sampled here)."""
+    request or, with ``streams``, over that many ModelStreamInfer streams per model; the same
+    ``Run`` record as the virtual run (placements over time are not sampled here)."""
     loop = asyncio.get_running_loop()
     begin_s = loop.time()
     tally = Tally(Run.empty(len(scenario.phases), sum(p.seconds for p in scenario.phases)),
                   Counts(), slo_s, begin_s + WARMUP_S)
     sample = {"x": np.ones((1, 256), np.float32)}
     async with AsyncClient(url, retries=0) as client:
-        send = _streams(client, sample, tally) if stream else _unary(client, sample, tally)
+        send = _streams(client, sample, tally, streams) if streams else \
+            _unary(client, sample, tally)
         async with send as submit:
             async for arrival in arrivals(scenario, rate_per_s, seed, begin_s):
                 tally.sent(arrival)
@@ -223,33 +224,38 @@ async def _unary(client: AsyncClient, sample: Inputs,
 
 
 @contextlib.asynccontextmanager
-async def _streams(client: AsyncClient, sample: Inputs,
-                   tally: Tally) -> AsyncIterator[Callable[[Arrival], None]]:
-    """One ModelStreamInfer stream per model, opened on its first request; answers matched by
-    request id; on exit, the streams closed once every request on them is answered."""
+async def _streams(client: AsyncClient, sample: Inputs, tally: Tally,
+                   per_model: int) -> AsyncIterator[Callable[[Arrival], None]]:
+    """``per_model`` ModelStreamInfer streams per model, opened on its first request and
+    taken in turn (a stream writes its answers one at a time, so one stream would answer a
+    whole batch in a row); answers matched by request id; on exit, the streams closed once
+    every request on them is answered."""
     loop = asyncio.get_running_loop()
-    outboxes: dict[str, asyncio.Queue[Inputs | None]] = {}
-    sent: dict[str, list[Arrival]] = {}
+    outboxes: dict[tuple[str, int], asyncio.Queue[Inputs | None]] = {}
+    sent: dict[tuple[str, int], list[Arrival]] = {}
+    turn: collections.Counter[str] = collections.Counter()
     readers: list[asyncio.Task[None]] = []
 
     async def requests(outbox: asyncio.Queue[Inputs | None]) -> AsyncIterator[Inputs]:
         while (item := await outbox.get()) is not None:
             yield item
 
-    async def read(model: str) -> None:
-        async for result in client.stream_infer(model, requests(outboxes[model])):
-            arrival = sent[model][int(result.request_id)]
+    async def read(key: tuple[str, int]) -> None:
+        async for result in client.stream_infer(key[0], requests(outboxes[key])):
+            arrival = sent[key][int(result.request_id)]
             if result.error is not None:
                 tally.failed(arrival, result.error)
             else:
                 tally.answered(arrival, loop.time())
 
     def submit(arrival: Arrival) -> None:
-        if arrival.model not in outboxes:
-            outboxes[arrival.model], sent[arrival.model] = asyncio.Queue(), []
-            readers.append(loop.create_task(read(arrival.model)))
-        sent[arrival.model].append(arrival)
-        outboxes[arrival.model].put_nowait(sample)
+        key = (arrival.model, turn[arrival.model] % per_model)
+        turn[arrival.model] += 1
+        if key not in outboxes:
+            outboxes[key], sent[key] = asyncio.Queue(), []
+            readers.append(loop.create_task(read(key)))
+        sent[key].append(arrival)
+        outboxes[key].put_nowait(sample)
 
     try:
         yield submit
@@ -264,7 +270,7 @@ class RealProbes:
     out: Path
     scenario: Scenario
     slo_s: float
-    stream: bool
+    streams: int
     starts: list[Placement] = field(default_factory=list)
     counts: list[Counts] = field(default_factory=list)
     overheads: list[Overheads] = field(default_factory=list)
@@ -277,7 +283,7 @@ class RealProbes:
         try:
             self.starts.append(await placement_of(server.url))
             run, counts = await drive(server.url, self.scenario, self.slo_s, rate_per_s, seed,
-                                      stream=self.stream)
+                                      streams=self.streams)
             self.overheads.append(await measured_overheads(server.url, self.scenario, counts))
         finally:
             server.stop()
@@ -313,8 +319,9 @@ def _settings(slo_s: float, bound_per_s: float) -> SearchSettings:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--slo-ms", type=float, default=100.0)
-    parser.add_argument("--stream", action="store_true",
-                        help="send over one ModelStreamInfer stream per model, not unary calls")
+    parser.add_argument("--streams", type=int, default=0,
+                        help="send over this many ModelStreamInfer streams per model, not "
+                             "unary calls (default 0: unary)")
     parser.add_argument("--out", type=Path, default=Path(".bench/placement_real"))
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -322,7 +329,7 @@ def main() -> None:
     slo_s = args.slo_ms / 1e3
     bound = bound_per_s(scenario, slo_s)
     started = time.perf_counter()
-    probes = RealProbes(args.out, scenario, slo_s, args.stream)
+    probes = RealProbes(args.out, scenario, slo_s, args.streams)
     real = asyncio.run(search_goodput(probes.measure, _settings(slo_s, bound), first_seed=0))
     first = probes.starts[0]
     virtual = virtual_goodput(scenario, slo_s, first)
@@ -336,7 +343,8 @@ def main() -> None:
     failed = collections.Counter[str]()
     for counts in probes.counts:
         failed.update(counts.by_status)
-    calls = "ModelStreamInfer" if args.stream else "unary ModelInfer"
+    calls = f"{args.streams} ModelStreamInfer streams per model" if args.streams else \
+        "unary ModelInfer"
     summary = (f"shift, SLO {args.slo_ms:g} ms, auto, {calls}: real server "
                f"{real.goodput_per_s:.0f} req/s ({real.goodput_per_s / bound:.2f} of the bound "
                f"{bound:.0f}), virtual "
