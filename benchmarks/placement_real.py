@@ -50,6 +50,7 @@ from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
 WARMUP_S = 10.0
 SETTLE_S = 12.0
+ANSWER_TIMEOUT_S = 30.0  # far past any SLO: a request not answered by then is lost
 Inputs = Mapping[str, np.ndarray]
 
 
@@ -188,7 +189,9 @@ async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float, s
                   Counts(), slo_s, begin_s + WARMUP_S)
     sample = {"x": np.ones((1, 256), np.float32)}
     async with AsyncClient(url, retries=0) as client:
-        send = _streams(client, sample, tally, streams) if streams else \
+        # Bounded like the unary calls' deadline: a request left unanswered fails the run.
+        bound_s = WARMUP_S + sum(p.seconds for p in scenario.phases) + ANSWER_TIMEOUT_S
+        send = _streams(client, sample, tally, streams, bound_s) if streams else \
             _unary(client, sample, tally)
         async with send as submit:
             async for arrival in arrivals(scenario, rate_per_s, seed, begin_s):
@@ -206,7 +209,7 @@ async def _unary(client: AsyncClient, sample: Inputs,
 
     async def one(arrival: Arrival) -> None:
         try:
-            await client.infer(arrival.model, sample, timeout_s=30.0)
+            await client.infer(arrival.model, sample, timeout_s=ANSWER_TIMEOUT_S)
         except InferenceServerError as exc:
             tally.failed(arrival, exc)
         else:
@@ -224,12 +227,12 @@ async def _unary(client: AsyncClient, sample: Inputs,
 
 
 @contextlib.asynccontextmanager
-async def _streams(client: AsyncClient, sample: Inputs, tally: Tally,
-                   per_model: int) -> AsyncIterator[Callable[[Arrival], None]]:
+async def _streams(client: AsyncClient, sample: Inputs, tally: Tally, per_model: int,
+                   timeout_s: float) -> AsyncIterator[Callable[[Arrival], None]]:
     """``per_model`` ModelStreamInfer streams per model, opened on its first request and
     taken in turn (a stream writes its answers one at a time, so one stream would answer a
     whole batch in a row); answers matched by request id; on exit, the streams closed once
-    every request on them is answered."""
+    every request on them is answered. A stream still open after ``timeout_s`` fails."""
     loop = asyncio.get_running_loop()
     outboxes: dict[tuple[str, int], asyncio.Queue[Inputs | None]] = {}
     sent: dict[tuple[str, int], list[Arrival]] = {}
@@ -241,7 +244,8 @@ async def _streams(client: AsyncClient, sample: Inputs, tally: Tally,
             yield item
 
     async def read(key: tuple[str, int]) -> None:
-        async for result in client.stream_infer(key[0], requests(outboxes[key])):
+        async for result in client.stream_infer(key[0], requests(outboxes[key]),
+                                                   timeout_s=timeout_s):
             arrival = sent[key][int(result.request_id)]
             if result.error is not None:
                 tally.failed(arrival, result.error)
@@ -347,11 +351,10 @@ def main() -> None:
         "unary ModelInfer"
     summary = (f"shift, SLO {args.slo_ms:g} ms, auto, {calls}: real server "
                f"{real.goodput_per_s:.0f} req/s ({real.goodput_per_s / bound:.2f} of the bound "
-               f"{bound:.0f}), virtual "
-               f"time {virtual:.0f} req/s ({virtual / bound:.2f}); real / virtual "
-               f"{real.goodput_per_s / virtual:.2f}; virtual time with the real server's "
-               f"measured overheads ({overheads.transport_s * 1e3:.1f} ms per request outside "
-               f"the server, {overheads.batch_overhead_s * 1e3:.2f} ms per batch) "
+               f"{bound:.0f}), virtual time {virtual:.0f} req/s ({virtual / bound:.2f}); "
+               f"real / virtual {real.goodput_per_s / virtual:.2f}; virtual time with the real "
+               f"server's measured overheads ({overheads.transport_s * 1e3:.1f} ms per request "
+               f"outside the server, {overheads.batch_overhead_s * 1e3:.2f} ms per batch) "
                f"{calibrated:.0f} req/s (real / virtual {real.goodput_per_s / calibrated:.2f})."
                f" Over {len(probes.counts)} real runs: "
                f"{sum(c.sent for c in probes.counts)} requests sent, {lost} unanswered, "
