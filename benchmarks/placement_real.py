@@ -185,13 +185,14 @@ async def drive(url: str, scenario: Scenario, slo_s: float, rate_per_s: float, s
     ``Run`` record as the virtual run (placements over time are not sampled here)."""
     loop = asyncio.get_running_loop()
     begin_s = loop.time()
-    tally = Tally(Run.empty(len(scenario.phases), sum(p.seconds for p in scenario.phases)),
-                  Counts(), slo_s, begin_s + WARMUP_S)
+    phases_s = sum(p.seconds for p in scenario.phases)
+    tally = Tally(Run.empty(len(scenario.phases), phases_s), Counts(), slo_s,
+                  begin_s + WARMUP_S)
     sample = {"x": np.ones((1, 256), np.float32)}
     async with AsyncClient(url, retries=0) as client:
         # Bounded like the unary calls' deadline: a request left unanswered fails the run.
-        bound_s = WARMUP_S + sum(p.seconds for p in scenario.phases) + ANSWER_TIMEOUT_S
-        send = _streams(client, sample, tally, streams, bound_s) if streams else \
+        send = _streams(client, sample, tally, streams,
+                        WARMUP_S + phases_s + ANSWER_TIMEOUT_S) if streams else \
             _unary(client, sample, tally)
         async with send as submit:
             async for arrival in arrivals(scenario, rate_per_s, seed, begin_s):
