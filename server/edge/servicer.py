@@ -238,9 +238,14 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._streams.add(stream)
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
-            while (item := await stream.results.get()) is not None:
-                yield item
-            if not reader.done():  # drained while the client still sends
+            # Checked before each wait, not on the first wake-up: a refusal the reader queued
+            # in the same turn of the loop as the drain is still written.
+            while not (stream.ended and stream.results.empty()):
+                if (item := await stream.results.get()) is not None:
+                    yield item
+                elif reader.done() and not reader.cancelled() and reader.exception():
+                    break  # reading failed: ``await reader`` ends the call with its error
+            if not stream.requests_ended:  # drained while the client still sends
                 await context.abort(grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
             await reader
         finally:
@@ -314,7 +319,9 @@ def _internal_error(request: pb.ModelInferRequest | Undecodable,
 class _InferStream:
     """One ModelStreamInfer call's requests in flight. Each request is decoded and handed over
     as it is read and its response built by a callback on its answer, so a stream costs no
-    task per request (a model a front-end must look up first takes ``_infer`` in a task)."""
+    task per request (a model a front-end must look up first takes ``_infer`` in a task).
+    ``results`` holds the responses to write; a ``None`` in it only wakes the writer to check
+    ``ended``."""
 
     def __init__(self, edge: EdgeServicer, deadline_s: float) -> None:
         self._edge = edge
@@ -322,26 +329,29 @@ class _InferStream:
         self.results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         self._slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
         self._in_flight: set[asyncio.Future[Any]] = set()  # answers not yet written
-        self._all_answered = asyncio.Event()
-        self._all_answered.set()
         self._draining = False
+        self.requests_ended = False  # the client half-closed (or the reader stopped)
+
+    @property
+    def ended(self) -> bool:
+        """Every admitted request has its response queued, and no more will be admitted."""
+        return not self._in_flight and (self.requests_ended or self._draining)
 
     async def read(self, requests: AsyncIterator[pb.ModelInferRequest | Undecodable]) -> None:
-        """Start every request; ``None`` goes into ``results`` once all are answered."""
+        """Start every request the client sends, until it half-closes."""
         try:
             async for request in requests:
                 await self._slots.acquire()
                 self._start(request)
-            await self._all_answered.wait()
         finally:
+            self.requests_ended = True
             self.results.put_nowait(None)
 
     def drain(self) -> None:
         """The server is shutting down: end the stream once every admitted request has its
         response (those read from now on are refused, see ``EdgeServicer._checked``)."""
         self._draining = True
-        if not self._in_flight:
-            self.results.put_nowait(None)
+        self.results.put_nowait(None)
 
     async def close(self, reader: asyncio.Task[None]) -> None:
         """Stop reading and drop the answers still awaited (the call ended or was cancelled)."""
@@ -368,7 +378,6 @@ class _InferStream:
             self._slots.release()
             return
         self._in_flight.add(answer)
-        self._all_answered.clear()
         answer.add_done_callback(functools.partial(self._answered, request, respond))
 
     def _answered(self, request: pb.ModelInferRequest | Undecodable,
@@ -383,10 +392,8 @@ class _InferStream:
         self.results.put_nowait(response)
         self._in_flight.discard(answer)
         self._slots.release()
-        if not self._in_flight:
-            self._all_answered.set()
-            if self._draining:
-                self.results.put_nowait(None)
+        if self.ended:
+            self.results.put_nowait(None)
 
 
 @dataclass(slots=True)

@@ -314,6 +314,40 @@ async def test_a_drained_stream_answers_what_it_admitted_then_ends_unavailable()
     assert context.code is grpc.StatusCode.UNAVAILABLE
 
 
+async def test_a_request_read_after_the_drain_is_refused_on_the_stream_before_it_ends(
+        ) -> None:
+    """The client sent a request and half-closed before the drain, and nothing was in flight:
+    the drain and the reader's refusal land in one turn of the loop, and the refusal is still
+    written before the stream ends OK (the half-close came before the stream had to end)."""
+    edge = make_edge(FakeModel(auto=False))
+    requests = Requests()
+    context = FakeContext()
+    responses = Responses(edge.servicer.ModelStreamInfer(aiter(requests), context))
+    await asyncio.sleep(0)  # let the stream start (no request is in flight)
+    requests.send(infer_request(X, request_id="late"))
+    requests.end()
+    edge.servicer.drain()
+    late, = await responses.end()
+    assert (late.infer_response.id, late.error_message.split(":")[0]) == ("late", "UNAVAILABLE")
+    assert context.code is None
+    assert edge.failures == [("m", "UNAVAILABLE")]
+
+
+async def test_a_stream_whose_reading_fails_ends_with_the_error_and_drops_its_answers(
+        ) -> None:
+    edge = make_edge(FakeModel(auto=False))
+
+    async def failing() -> AsyncIterator[pb.ModelInferRequest]:
+        yield infer_request(X)
+        raise RuntimeError("the transport broke")
+
+    responses = Responses(edge.servicer.ModelStreamInfer(failing(), FakeContext()))
+    pending = await edge.model.next_request()
+    with pytest.raises(RuntimeError, match="the transport broke"):
+        await responses.end()  # at once, not once the answer in flight comes
+    assert pending.answer.cancelled()
+
+
 async def test_a_stream_that_goes_away_cancels_the_answers_it_still_awaits() -> None:
     edge = make_edge(FakeModel(auto=False))
     requests = Requests()
