@@ -15,6 +15,10 @@ asynchronously at all:
 - ``thread``: as ``turn``, but each batch goes to a worker thread and is answered through
   ``call_soon_threadsafe``, one batch in flight, requests arriving meanwhile forming the next
   (evenflow's thread-worker hand-off with a free model and no balancer).
+
+``--delay-ms D`` makes the answer come D ms later, as a model's compute would: by a timer on the
+event loop (``none``: the handler sleeps; ``turn``: the batch is answered D ms after its first
+request) or by the worker thread sleeping before it answers the batch (``thread``).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import queue
 import signal
 import threading
+import time
 from typing import Any
 
 import grpc
@@ -35,6 +40,9 @@ from evenflow.proto import model_config_pb2 as mc
 
 
 class EchoServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self._delay_s = delay_s
+
     async def ServerLive(self, request, context):  # type: ignore[no-untyped-def]
         return pb.ServerLiveResponse(live=True)
 
@@ -67,19 +75,27 @@ class EchoServicer(pb_grpc.GRPCInferenceServiceServicer):
                 infer_response=await self.ModelInfer(request, context))
 
     async def ModelInfer(self, request, context):  # type: ignore[no-untyped-def]
-        tensor = request.inputs[0]
-        return pb.ModelInferResponse(
-            model_name=request.model_name, id=request.id,
-            outputs=[pb.ModelInferResponse.InferOutputTensor(
-                name="y", datatype=tensor.datatype, shape=tensor.shape)],
-            raw_output_contents=[request.raw_input_contents[0]])
+        if self._delay_s > 0:
+            await asyncio.sleep(self._delay_s)
+        return echo(request)
+
+
+def echo(request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+    """The response of a model that returns its input ``x`` as ``y``."""
+    tensor = request.inputs[0]
+    return pb.ModelInferResponse(
+        model_name=request.model_name, id=request.id,
+        outputs=[pb.ModelInferResponse.InferOutputTensor(
+            name="y", datatype=tensor.datatype, shape=tensor.shape)],
+        raw_output_contents=[request.raw_input_contents[0]])
 
 
 class DeferredEchoServicer(EchoServicer):
     """Echo, answered from a batch: on the next loop turn (``turn``) or after a worker thread
     has seen the batch (``thread``)."""
 
-    def __init__(self, defer: str) -> None:
+    def __init__(self, defer: str, delay_s: float = 0.0) -> None:
+        super().__init__(delay_s)
         self._forming: list[asyncio.Future[None]] = []
         self._flush_scheduled = False
         self._running = False
@@ -104,9 +120,12 @@ class DeferredEchoServicer(EchoServicer):
         self._forming.append(answered)
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            loop.call_soon(self._flush)
+            if self._delay_s > 0 and self._inbox is None:
+                loop.call_later(self._delay_s, self._flush)
+            else:
+                loop.call_soon(self._flush)
         await answered
-        return await super().ModelInfer(request, context)
+        return echo(request)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -122,6 +141,8 @@ class DeferredEchoServicer(EchoServicer):
     def _worker(self, inbox: queue.SimpleQueue[Any]) -> None:
         while (item := inbox.get()) is not None:
             batch, loop = item
+            if self._delay_s > 0:
+                time.sleep(self._delay_s)  # the model's compute, off the event loop
             loop.call_soon_threadsafe(self._done, batch)
 
     def _done(self, batch: list[asyncio.Future[None]]) -> None:
@@ -142,8 +163,12 @@ def build_server(servicer: EchoServicer, host: str, port: int) -> tuple[grpc.aio
     return server, server.add_insecure_port(f"{host}:{port}")
 
 
-async def serve(host: str, port: int, defer: str = "none") -> None:
-    servicer = EchoServicer() if defer == "none" else DeferredEchoServicer(defer)
+def make_servicer(defer: str = "none", delay_s: float = 0.0) -> EchoServicer:
+    return EchoServicer(delay_s) if defer == "none" else DeferredEchoServicer(defer, delay_s)
+
+
+async def serve(host: str, port: int, defer: str = "none", delay_s: float = 0.0) -> None:
+    servicer = make_servicer(defer, delay_s)
     server, bound = build_server(servicer, host, port)
     await server.start()
     print(f"echo listening on {host}:{bound}", flush=True)
@@ -164,8 +189,12 @@ def main() -> None:
     parser.add_argument("--defer", choices=("none", "turn", "thread"), default="none",
                         help="answer in the handler's first step, on the next loop turn, or "
                              "after a worker thread (see the module's docstring)")
+    parser.add_argument("--delay-ms", type=float, default=0.0,
+                        help="answer this much later, as a model's compute would")
     args = parser.parse_args()
-    uvloop.run(serve(args.host, args.port, args.defer))
+    if args.delay_ms < 0:
+        parser.error("--delay-ms must be >= 0")
+    uvloop.run(serve(args.host, args.port, args.defer, args.delay_ms / 1e3))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ each answering mode, under concurrent unary calls and over a stream (``benchmark
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import numpy as np
 import pytest
 
-from benchmarks.echo_server import DeferredEchoServicer, EchoServicer, build_server
+from benchmarks.echo_server import DeferredEchoServicer, build_server, make_servicer
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 
@@ -25,7 +26,7 @@ def _request(index: int) -> pb.ModelInferRequest:
 
 @pytest.mark.parametrize("defer", ["none", "turn", "thread"])
 async def test_every_request_gets_its_own_echo(defer: str) -> None:
-    servicer = EchoServicer() if defer == "none" else DeferredEchoServicer(defer)
+    servicer = make_servicer(defer)
     server, port = build_server(servicer, "127.0.0.1", 0)
     await server.start()
     try:
@@ -44,3 +45,25 @@ async def test_every_request_gets_its_own_echo(defer: str) -> None:
         assert list(response.outputs[0].shape) == [1, 256]
         echoed = np.frombuffer(response.raw_output_contents[0], np.float32)
         assert (echoed == index).all()
+
+
+@pytest.mark.parametrize("defer", ["none", "turn", "thread"])
+async def test_a_delayed_echo_answers_no_sooner_than_its_delay(defer: str) -> None:
+    delay_s = 0.05
+    servicer = make_servicer(defer, delay_s)
+    server, port = build_server(servicer, "127.0.0.1", 0)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            await stub.ModelInfer(_request(0))  # connected
+            started_s = time.monotonic()
+            response = await stub.ModelInfer(_request(7))
+            elapsed_s = time.monotonic() - started_s
+    finally:
+        await server.stop(None)
+        if isinstance(servicer, DeferredEchoServicer):
+            servicer.close()
+    assert response.id == "7"
+    # A loop timer may fire up to the clock's resolution early.
+    assert elapsed_s >= delay_s - 1e-3
