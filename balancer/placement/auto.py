@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from evenflow.balancer.placement.inventory import devices_of
 from evenflow.balancer.placement.moves import Move, floor_replicas
+from evenflow.balancer.placement.overflow import overflow_replicas
 from evenflow.balancer.placement.planner import PlannerSettings, propose
 from evenflow.balancer.placement.tuner import Tuner, TunerSettings
 from evenflow.balancer.placement.view import PlacerView
@@ -111,5 +112,9 @@ class AutoStrategy:
                 floor = floor_replicas(profile, view.long_demand_per_s.get(name, 0.0))
                 if len(devices_of(view.placement, name)) > max(floor, 1) and placed:
                     slowest = max(placed, key=lambda d: profile.costs[d].batch_s(1))
+                    without = view.placement - {(name, slowest)}
+                    if (name, slowest) in overflow_replicas(without, view.devices,
+                                                            view.profiles, view.demand_per_s):
+                        continue  # the next plan would load it again
                     return [(Move("drop", name, slowest), "tuner")]
         return ()

@@ -414,7 +414,7 @@ class Placer:
                 continue
             here = [n for (n, where) in self._replicas if where == device.name]
             free = device.memory_bytes - self._used_bytes(device.name)
-            evictable = sorted((n for n in here if self._evictable(n, device.name)),
+            evictable = sorted((n for n in here if self._evictable(n, device.name, profiles)),
                                key=lambda n: self._models[n].demand.last_arrival_s)
             evict: list[str] = []
             while free < profile.memory_bytes and evictable:
@@ -431,8 +431,11 @@ class Placer:
                 best = (len(evict), rate, moves)
         return None if best is None else best[2]
 
-    def _evictable(self, name: str, device: str) -> bool:
-        """An idle model's replica, unpinned there, above its configured minimum."""
+    def _evictable(self, name: str, device: str, profiles: Mapping[str, ModelProfile]) -> bool:
+        """A replica unpinned there, above its model's configured minimum, of an idle model or
+        an overflow one (``overflow``: the capacity arithmetic gives it nothing, so the model
+        keeps all it is counted on). The least recently used go first, so an idle model's
+        replica goes before an overflow replica of a busy one."""
         model = self._models.get(name)
         replica = self._replicas.get((name, device))
         if model is None or replica is None or replica.state is not ReplicaState.SERVING:
@@ -440,7 +443,21 @@ class Placer:
         if device in model.template.pinned:
             return False
         count = sum(1 for (n, _) in self._replicas if n == name)
-        return self._idle(name, self._time.clock()) and count > model.template.min_replicas
+        if count <= model.template.min_replicas:
+            return False
+        return self._idle(name, self._time.clock()) or self._overflow(name, device, profiles)
+
+    def _overflow(self, name: str, device: str, profiles: Mapping[str, ModelProfile]) -> bool:
+        """Whether ``name``'s replica on ``device`` is one the arithmetic gives no rate, beside
+        one in routing that it does."""
+        profile = profiles[name]
+
+        def rate_per_s(where: str) -> float:
+            return rate_within_per_s(profile.costs[where], profile.slo_s, profile.max_batch)
+
+        return rate_per_s(device) <= 0.0 and any(
+            n == name and where != device and r.state is ReplicaState.SERVING
+            and rate_per_s(where) > 0.0 for (n, where), r in self._replicas.items())
 
     def _demand_per_s(self, name: str, now_s: float) -> float:
         """The demand the strategy plans for, and the drops are checked against: 0 for an idle

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 import pytest
 
@@ -61,12 +61,12 @@ class Scripted:
 
 
 class World:
-    def __init__(self, time: FakeTime) -> None:
+    def __init__(self, time: FakeTime, speeds: Mapping[str, float] | None = None) -> None:
         self.time = time
         self.ledger = DeviceLedger()
         self.loader = Loader(time)
         self.strategy = Scripted()
-        self.placer = Placer(devices=DEVICES, speeds={}, loader=self.loader,
+        self.placer = Placer(devices=DEVICES, speeds=speeds or {}, loader=self.loader,
                              strategy=self.strategy, time_source=time,
                              settings=PlacerSettings(on_demand_wait_s=5.0))
         self.balancers: dict[str, ModelBalancer] = {}
@@ -195,6 +195,27 @@ async def test_idle_models_are_evicted_least_recently_used_first(world: World) -
     # older comes back on demand, evicting the least recently used idle one again.
     await world.run_for(5.0)
     assert await answered(world.time, older.submit("y", 1), limit_s=10.0) == [("out", "y")]
+
+
+async def test_an_overflow_replica_of_a_busy_model_makes_room_for_one_loaded_on_demand(
+) -> None:
+    # d1 at speed 0.3 answers one request in 37 ms, within the 50 ms SLO, but not two batches:
+    # the arithmetic gives busy's replica there nothing, so it is an overflow replica.
+    world = World(FakeTime(), speeds={"d1": 0.3})
+    try:
+        busy = world.model("busy", 7, on=("d0", "d1"))
+        other = world.model("other", 7, on=("d0",))
+        cold = world.model("cold", 6)
+        await world.run_for(1.0)
+        for balancer in (busy, other):
+            await answered(world.time, balancer.submit("x", 1))
+        await world.run_for(1.0)  # the placer has seen both used: neither is idle
+        future = cold.submit("x", 1)  # d0 has 2 GiB free, d1 1 GiB: nothing idle to evict
+        assert await answered(world.time, future, limit_s=10.0) == [("out", "x")]
+        assert world.serving("cold") == ["d1"]
+        assert world.serving("busy") == ["d0"] and world.serving("other") == ["d0"]
+    finally:
+        await world.close()
 
 
 async def test_a_failed_load_fails_the_parked_requests_and_frees_the_memory(

@@ -1,0 +1,121 @@
+"""Overflow replicas: a device the plan leaves without work gets a replica of the model that
+needs capacity most, if that model can answer a request there within its SLO when the device
+is idle.
+
+The capacity arithmetic (``assessment``) prices a device at the worst case, a request that
+waits for a whole batch before its own, and so gives nothing to a device on which ``2 t(1)``
+is over the SLO. Such a device still answers a request within the SLO when it is idle, which is
+exactly when the model's other replicas are backed up: least-work routing sends it the requests
+that would otherwise finish late or be refused, and admission keeps it from taking more than it
+can answer in time. Its memory would otherwise hold nothing that serves.
+
+Which model needs it most: the one whose serving replicas run nearest their capacity (demand
+over the capacity the assessment gives it). Under the max-min program every model that limits
+the headroom sits at the same load, so ties go to the model with the fewest serving replicas
+(a queue pooled over several devices rarely backs up all of them at once; one on a single
+device does), then to the larger demand, then to the name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from evenflow.balancer.placement.assessment import assess, replica_rates_per_s
+from evenflow.balancer.placement.inventory import (
+    DeviceInfo,
+    ModelProfile,
+    Placement,
+    memory_used_bytes,
+    models_on,
+)
+
+# Loads closer than this count as a tie: the program's loads are equal for every model that
+# limits the headroom, and demand estimates are not finer than this.
+LOAD_STEP = 0.05
+
+# On a tie in load and serving replicas, a model takes a device's overflow replica from another
+# only with this much more demand.
+SWAP_DEMAND_RATIO = 1.5
+
+Need = tuple[float, int, float, str]  # sorts neediest first
+
+
+def answers_alone_within_slo(profile: ModelProfile, device: str) -> bool:
+    return profile.allowed_on(device) and profile.costs[device].batch_s(1) <= profile.slo_s
+
+
+def _needs(placement: Placement, profiles: Mapping[str, ModelProfile],
+           demand_per_s: Mapping[str, float], serving: Mapping[str, int]) -> dict[str, Need]:
+    capacity = assess(placement, profiles, demand_per_s).capacity_per_s
+    needs = {}
+    for name, rate in demand_per_s.items():
+        if rate <= 0.0 or name not in profiles:
+            continue
+        have = capacity.get(name, 0.0)
+        load = rate / have if have > 0.0 else float("inf")
+        steps = round(load / LOAD_STEP) if load != float("inf") else float("inf")
+        needs[name] = (-steps, serving.get(name, 0), -rate, name)
+    return needs
+
+
+def _clearly_needier(need: Need, other: Need) -> bool:
+    """Needier by load or serving replicas, or on a tie by a demand this much larger: a swap
+    costs a load time, so two models of about the same need do not trade the device."""
+    if need[:2] != other[:2]:
+        return need[:2] < other[:2]
+    return -need[2] > SWAP_DEMAND_RATIO * -other[2]
+
+
+def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
+                     profiles: Mapping[str, ModelProfile],
+                     demand_per_s: Mapping[str, float]
+                     ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """The overflow replicas to drop and to add, in that order: on each device where no
+    replica serves demand, one replica of the neediest model (the module's docstring) that
+    fits there, may have another replica and answers one request there within its SLO. A
+    device's overflow replica is swapped only for a strictly needier model, and never when it
+    is its model's only replica."""
+    rates = replica_rates_per_s(placement, profiles, demand_per_s)
+    demanded = {name for name, rate in demand_per_s.items() if rate > 0.0}
+    serving_pairs = {pair for pair, rate in rates.items() if rate > 0.0 and pair[0] in demanded}
+    serving: dict[str, int] = {}
+    for name, _ in serving_pairs:
+        serving[name] = serving.get(name, 0) + 1
+    needs = _needs(placement, profiles, demand_per_s, serving)
+    order = sorted(needs, key=needs.__getitem__)
+    counts = {name: sum(1 for n, _ in placement if n == name) for name in profiles}
+    busy_devices = {device for _, device in serving_pairs}
+    drops: list[tuple[str, str]] = []
+    adds: list[tuple[str, str]] = []
+    for device in devices:
+        if device.name in busy_devices:
+            continue
+        here = [name for name in models_on(placement, device.name) if name in needs]
+        free = device.memory_bytes - memory_used_bytes(placement, device.name, profiles)
+        for name in order:
+            if name in here:
+                break  # the neediest model that can go here already is
+            profile = profiles[name]
+            room = free + sum(profiles[n].memory_bytes for n in here)
+            if profile.memory_bytes > room or not answers_alone_within_slo(profile,
+                                                                          device.name):
+                continue
+            if profile.max_replicas is not None and counts[name] >= profile.max_replicas:
+                continue
+            if any(counts[n] <= 1 or not _clearly_needier(needs[name], needs[n])
+                   for n in here):
+                break  # what is there is needed as much, or nowhere else
+            drops += [(n, device.name) for n in here]
+            adds.append((name, device.name))
+            for n in here:
+                counts[n] -= 1
+            counts[name] += 1
+            break
+    return drops, adds
+
+
+def overflow_replicas(placement: Placement, devices: Sequence[DeviceInfo],
+                      profiles: Mapping[str, ModelProfile],
+                      demand_per_s: Mapping[str, float]) -> list[tuple[str, str]]:
+    """The overflow replicas ``overflow_changes`` would add to ``placement``."""
+    return overflow_changes(placement, devices, profiles, demand_per_s)[1]
