@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 from evenflow.balancer.placement.inventory import devices_of
 from evenflow.balancer.placement.moves import Move, floor_replicas
-from evenflow.balancer.placement.overflow import overflow_replicas
+from evenflow.balancer.placement.overflow import overflow_changes, overflow_replicas
 from evenflow.balancer.placement.planner import PlannerSettings, propose
 from evenflow.balancer.placement.tuner import Tuner, TunerSettings
 from evenflow.balancer.placement.view import PlacerView
@@ -80,7 +80,7 @@ class AutoStrategy:
         if now_s - self._planned_at_s >= self.settings.plan_interval_s:
             return self._plan(view, self.settings.periodic_min_gain)
         if now_s - self._moved_at_s >= self.settings.tuner_pause_s:
-            return self._tune(view)
+            return self._tune(view) or self._follow_overflow(view)
         return ()
 
     def _plan(self, view: PlacerView, min_gain: float) -> Sequence[tuple[Move, str]]:
@@ -118,3 +118,13 @@ class AutoStrategy:
                         continue  # the next plan would load it again
                     return [(Move("drop", name, slowest), "tuner")]
         return ()
+
+    @staticmethod
+    def _follow_overflow(view: PlacerView) -> Sequence[tuple[Move, str]]:
+        """Between plans, the overflow replicas follow the neediest model (a plan is made only
+        for a big change or a 20 % gain; the need can move without either)."""
+        drops, adds = overflow_changes(view.placement, view.devices, view.profiles,
+                                       view.demand_per_s)
+        return [(Move("drop", n, d), "overflow") for n, d in drops] + [
+            (Move("add", n, d), "overflow") for n, d in adds]
+

@@ -106,3 +106,12 @@ def test_the_tuner_does_not_drop_an_overflow_replica_the_next_plan_would_load_ag
         drops += [m for m, _ in strategy.moves(_view(float(tick), held, 0.0))]
     assert Move("drop", "b", "d3") not in drops
     assert Move("drop", "a", "d2") in drops  # the slowest of a's, which the plan would not add
+
+
+def test_between_plans_the_overflow_replica_follows_the_need() -> None:
+    strategy = AutoStrategy(AutoSettings(plan_interval_s=1e9, tuner_pause_s=0.0,
+                                         settle_s=0.0))
+    held = PLACED | {("a", "d3")}
+    assert list(strategy.moves(_view(0.0, PLACED | {("b", "d3")}, 0.01))) == []  # the plan
+    assert list(strategy.moves(_view(1.0, held, 0.01))) == [
+        (Move("drop", "a", "d3"), "overflow"), (Move("add", "b", "d3"), "overflow")]
