@@ -9,7 +9,11 @@ from dataclasses import dataclass, field, replace
 
 from evenflow.balancer.placement.inventory import devices_of
 from evenflow.balancer.placement.moves import Move, floor_replicas
-from evenflow.balancer.placement.overflow import overflow_changes, overflow_replicas
+from evenflow.balancer.placement.overflow import (
+    overflow_changes,
+    overflow_replicas,
+    with_overflow,
+)
 from evenflow.balancer.placement.planner import PlannerSettings, propose
 from evenflow.balancer.placement.tuner import Tuner, TunerSettings
 from evenflow.balancer.placement.view import PlacerView
@@ -88,8 +92,9 @@ class AutoStrategy:
         self._changed_at_s = None
         settings = replace(self.settings.planner, min_gain=min_gain,
                            max_moves=min(self.settings.planner.max_moves, view.moves_left))
-        plan = propose(view.placement, view.devices, view.profiles, view.demand_per_s,
-                       settings)
+        plan = with_overflow(propose(view.placement, view.devices, view.profiles,
+                                     view.demand_per_s, settings),
+                             view.devices, view.profiles, view.demand_per_s)
         return [(move, "plan") for move in plan.moves]
 
     def _tune(self, view: PlacerView) -> Sequence[tuple[Move, str]]:

@@ -28,6 +28,8 @@ from evenflow.balancer.placement.inventory import (
     memory_used_bytes,
     models_on,
 )
+from evenflow.balancer.placement.moves import Move
+from evenflow.balancer.placement.planner import Plan
 
 # Loads closer than this count as a tie: the program's loads are equal for every model that
 # limits the headroom, and demand estimates are not finer than this.
@@ -74,7 +76,7 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
     replica serves demand, one replica of the neediest model (the module's docstring) that
     fits there, may have another replica and answers one request there within its SLO. A
     device's overflow replica is swapped only for a strictly needier model, and never when it
-    is its model's only replica."""
+    is its model's only replica. A device that holds two or more busy models is left alone."""
     rates = replica_rates_per_s(placement, profiles, demand_per_s)
     demanded = {name for name, rate in demand_per_s.items() if rate > 0.0}
     serving_pairs = {pair for pair, rate in rates.items() if rate > 0.0 and pair[0] in demanded}
@@ -91,6 +93,8 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
         if device.name in busy_devices:
             continue
         here = [name for name in models_on(placement, device.name) if name in needs]
+        if len(here) > 1:
+            continue  # replicas of two busy models (a device that slowed): not spare memory
         free = device.memory_bytes - memory_used_bytes(placement, device.name, profiles)
         for name in order:
             if name in here:
@@ -119,3 +123,17 @@ def overflow_replicas(placement: Placement, devices: Sequence[DeviceInfo],
                       demand_per_s: Mapping[str, float]) -> list[tuple[str, str]]:
     """The overflow replicas ``overflow_changes`` would add to ``placement``."""
     return overflow_changes(placement, devices, profiles, demand_per_s)[1]
+
+
+def with_overflow(plan: Plan, devices: Sequence[DeviceInfo],
+                  profiles: Mapping[str, ModelProfile],
+                  demand_per_s: Mapping[str, float]) -> Plan:
+    """``plan`` with its overflow replicas swapped in last: the headroom is unchanged, as the
+    capacity arithmetic gives them none."""
+    drops, adds = overflow_changes(plan.placement, devices, profiles, demand_per_s)
+    if not adds:
+        return plan
+    moves = tuple(Move("drop", n, d) for n, d in drops) + tuple(Move("add", n, d)
+                                                               for n, d in adds)
+    target = (plan.placement - frozenset(drops)) | frozenset(adds)
+    return Plan(target, plan.moves + moves, plan.before, plan.after)

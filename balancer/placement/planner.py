@@ -7,8 +7,7 @@ that takes the fewest moves from the current placement, if it beats the current 
 ``min_gain``. Otherwise it searches greedily from the current placement: each step tries every
 single move (add a replica, drop one, or swap one model for another on a device) and keeps the
 best while it gains ``min_gain``. Either way a placement that serves its demand well is left
-alone, and the moves come in an order that never takes a model below its floor. A device the
-plan leaves without work then gets an overflow replica where one helps (``overflow``).
+alone, and the moves come in an order that never takes a model below its floor.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from evenflow.balancer.placement.inventory import (
     models_on,
 )
 from evenflow.balancer.placement.moves import Move, floor_replicas, order_moves, required
-from evenflow.balancer.placement.overflow import overflow_changes
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,24 +107,8 @@ def propose(placement: Placement, devices: Sequence[DeviceInfo],
                     if name in profiles and placeable(profiles[name], devices)}
     names = placed_models(profiles, demand_per_s)
     if count_placements(devices, profiles, names) <= settings.max_enumerated:
-        plan = propose_exact(placement, devices, profiles, demand_per_s, settings)
-    else:
-        plan = propose_greedy(placement, devices, profiles, demand_per_s, settings)
-    return with_overflow(plan, devices, profiles, demand_per_s)
-
-
-def with_overflow(plan: Plan, devices: Sequence[DeviceInfo],
-                  profiles: Mapping[str, ModelProfile],
-                  demand_per_s: Mapping[str, float]) -> Plan:
-    """``plan`` with its overflow replicas swapped in last (``overflow``): the headroom is
-    unchanged, as the capacity arithmetic gives them none."""
-    drops, adds = overflow_changes(plan.placement, devices, profiles, demand_per_s)
-    if not adds:
-        return plan
-    moves = tuple(Move("drop", n, d) for n, d in drops) + tuple(Move("add", n, d)
-                                                               for n, d in adds)
-    target = (plan.placement - frozenset(drops)) | frozenset(adds)
-    return Plan(target, plan.moves + moves, plan.before, plan.after)
+        return propose_exact(placement, devices, profiles, demand_per_s, settings)
+    return propose_greedy(placement, devices, profiles, demand_per_s, settings)
 
 
 def placeable(profile: ModelProfile, devices: Sequence[DeviceInfo]) -> bool:

@@ -12,7 +12,11 @@ from evenflow.balancer.placement.assessment import assess
 from evenflow.balancer.placement.auto import AutoSettings, AutoStrategy
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile, Placement, fits
 from evenflow.balancer.placement.moves import Move
-from evenflow.balancer.placement.overflow import overflow_changes, overflow_replicas
+from evenflow.balancer.placement.overflow import (
+    overflow_changes,
+    overflow_replicas,
+    with_overflow,
+)
 from evenflow.balancer.placement.planner import propose
 from evenflow.balancer.placement.tuner import TunerSettings
 from evenflow.balancer.placement.view import PlacerView
@@ -83,11 +87,27 @@ def test_overflow_keeps_memory_and_the_replica_bounds() -> None:
     assert overflow_changes(idle_there, DEVICES, with_x, B_HOT) == ([], [])  # not evicted
 
 
-def test_a_plan_ends_with_its_overflow_moves_and_fits() -> None:
-    plan = propose(PLACED, DEVICES, PROFILES, B_HOT)
+def test_the_strategys_plan_ends_with_its_overflow_moves_and_the_planners_has_none() -> None:
+    # The planner's own plan is the arithmetic's alone: the tuner asks it where one more
+    # replica adds capacity, which an overflow replica does not.
+    bare = propose(PLACED, DEVICES, PROFILES, B_HOT)
+    assert all(device != "d3" for _, device in bare.placement)
+    plan = with_overflow(bare, DEVICES, PROFILES, B_HOT)
     assert plan.moves[-1] == Move("add", "b", "d3")
     assert ("b", "d3") in plan.placement
     assert fits(plan.placement, DEVICES, PROFILES)
+
+
+def test_a_device_holding_two_busy_models_is_left_alone() -> None:
+    # d0 slowed to speed 0.25: the arithmetic gives its two replicas nothing at 50 ms, but
+    # each still answers a request in time; they are not traded for one overflow replica.
+    slowed = {name: ModelProfile(p.name, p.memory_bytes, {**p.costs, "d0": p.costs["d3"]},
+                                 p.max_batch, p.slo_s) for name, p in PROFILES.items()}
+    two = frozenset({("a", "d0"), ("b", "d0"), ("a", "d1"), ("b", "d1"), ("c", "d2")})
+    c_hot = {"a": 40.0, "b": 40.0, "c": 240.0}  # c, alone on the half-speed d2, needs most
+    drops, adds = overflow_changes(two, DEVICES, slowed, c_hot)
+    assert all(device != "d0" for _, device in drops + adds)
+    assert adds == [("c", "d3")]
 
 
 def _view(now_s: float, placement: Placement, work_s: float) -> PlacerView:
