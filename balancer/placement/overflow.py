@@ -75,7 +75,7 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
     """The overflow replicas to drop and to add, in that order: on each device where no
     replica serves demand, one replica of the neediest model (the module's docstring) that
     fits there, may have another replica and answers one request there within its SLO. A
-    device's overflow replica is swapped only for a strictly needier model, and never when it
+    device's overflow replica is swapped only for a clearly needier model, and never when it
     is its model's only replica. A device that holds two or more busy models is left alone."""
     rates = replica_rates_per_s(placement, profiles, demand_per_s)
     demanded = {name for name, rate in demand_per_s.items() if rate > 0.0}
