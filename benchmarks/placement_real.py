@@ -1,7 +1,8 @@
 """The shifting-mix placement scenario through a real server over gRPC, beside the same
 scenario in virtual time.
 
-    python -m benchmarks.placement_real [--slo-ms 100] [--streams N] [--out .bench/placement_real]
+    python -m benchmarks.placement_real [--slo-ms 100] [--streams N] [--time-scale K]
+                                        [--out .bench/placement_real]
 
 A server on ``sim:1,sim:1,sim:0.5,sim:0.25`` with the scenario's declared memory serves its
 three ``sim`` models (their batch costs, memory and a 2 s simulated load time declared in the
@@ -16,6 +17,12 @@ the virtual-time search of the same scenario starts from the placement the real 
 at start. It runs twice: on the bare simulated devices, and with what each real run measured
 the server adding (``measured_overheads``: per request outside the server, per batch in the
 hand-offs), from the three runs nearest the real goodput.
+
+``--time-scale K`` runs the scenario with every batch cost and the SLO K times longer (so at
+about 1/K of the rate); the virtual search runs the same scaled scenario. The server's and the
+client's CPU per request then weigh K times less against the devices' time, which tells how
+much of a gap between real and virtual is the machine's per-call cost rather than the
+balancer's and the planner's decisions.
 """
 
 from __future__ import annotations
@@ -24,11 +31,12 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import random
 import statistics
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +50,7 @@ from benchmarks.placement_sim import NO_OVERHEADS, Overheads, Run, Scenario, pro
 from benchmarks.virtual_time import VirtualLoop
 from evenflow.balancer.placement.inventory import Placement
 from evenflow.client import AsyncClient, InferenceServerError
+from evenflow.loadtest.percentiles import ordered_percentile
 from evenflow.loadtest.slo_search import Probe, SearchSettings, search_goodput
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
@@ -52,6 +61,16 @@ WARMUP_S = 10.0
 SETTLE_S = 12.0
 ANSWER_TIMEOUT_S = 30.0  # far past any SLO: a request not answered by then is lost
 Inputs = Mapping[str, np.ndarray]
+
+
+def scaled(scenario: Scenario, factor: float) -> Scenario:
+    """``scenario`` with every model's batch cost ``factor`` times longer."""
+    if factor == 1.0:
+        return scenario
+    models = tuple(dataclasses.replace(m, base_s=m.base_s * factor,
+                                       per_sample_s=m.per_sample_s * factor)
+                   for m in scenario.models)
+    return dataclasses.replace(scenario, models=models)
 
 
 def config_text(scenario: Scenario, slo_s: float) -> str:
@@ -84,11 +103,31 @@ class Counts:
         return self.sent - self.ok - sum(self.by_status.values())
 
 
-async def placement_of(url: str) -> Placement:
+async def stats_of(url: str) -> ef.GetStatsResponse:
     async with grpc.aio.insecure_channel(url) as channel:
-        stats = await ef_grpc.EvenflowStatsStub(channel).GetStats(ef.GetStatsRequest())
+        return await ef_grpc.EvenflowStatsStub(channel).GetStats(ef.GetStatsRequest())
+
+
+def serving_placement(stats: ef.GetStatsResponse) -> Placement:
     return frozenset((r.model, r.device) for r in stats.placement.replicas
                      if r.state == "serving")
+
+
+def moves_while_counted(scenario: Scenario, moves: Iterable[ef.PlacementMove],
+                        begin_uptime_s: float) -> list[str]:
+    """The moves that finished while requests counted (a phase's time after its settling
+    time), as "phase N +S s: kind model on device (reason)"; ``begin_uptime_s`` is the
+    server's uptime when the run's warm-up began."""
+    out = []
+    for move in moves:
+        at_s = move.at_s - begin_uptime_s - WARMUP_S
+        for index in range(len(scenario.phases)):
+            into_s = at_s - scenario.start_s(index)
+            if SETTLE_S <= into_s < scenario.phases[index].seconds and \
+                    move.outcome == "done":
+                out.append(f"phase {index} +{into_s:.1f} s: {move.kind} {move.model} on "
+                           f"{move.device} ({move.reason})")
+    return out
 
 
 async def measured_overheads(url: str, scenario: Scenario, counts: Counts) -> Overheads:
@@ -279,6 +318,7 @@ class RealProbes:
     starts: list[Placement] = field(default_factory=list)
     counts: list[Counts] = field(default_factory=list)
     overheads: list[Overheads] = field(default_factory=list)
+    moves: list[list[str]] = field(default_factory=list)  # per run, moves_while_counted
 
     async def measure(self, rate_per_s: float, seed: int) -> Probe:
         config = self.out / "evenflow.toml"
@@ -286,17 +326,24 @@ class RealProbes:
         server = start(evenflow_argv("--config", str(config), time_admission=True),
                        self.out / f"server-{len(self.counts)}.log")
         try:
-            self.starts.append(await placement_of(server.url))
+            before = await stats_of(server.url)
+            self.starts.append(serving_placement(before))
             run, counts = await drive(server.url, self.scenario, self.slo_s, rate_per_s, seed,
                                       streams=self.streams)
             self.overheads.append(await measured_overheads(server.url, self.scenario, counts))
+            after = await stats_of(server.url)
         finally:
             server.stop()
         self.counts.append(counts)
+        self.moves.append(moves_while_counted(self.scenario, after.placement.recent,
+                                              before.uptime_s))
         probe = probe_of(run, rate_per_s, seed)
-        print(f"  real {rate_per_s:.0f}/s: p99 {probe.p99_s * 1e3:.1f} ms, errors "
-              f"{probe.error_fraction:.3f}; sent {counts.sent}, ok {counts.ok}, "
-              f"{dict(counts.by_status)}, unanswered {counts.unanswered}", flush=True)
+        phase_p99_ms = ", ".join(f"{ordered_percentile(sorted(lat), 0.99) * 1e3:.0f}"
+                                 for lat in run.phase_latencies_s if lat)
+        print(f"  real {rate_per_s:.0f}/s: p99 {probe.p99_s * 1e3:.1f} ms (by phase "
+              f"{phase_p99_ms}), errors {probe.error_fraction:.3f}; sent {counts.sent}, ok "
+              f"{counts.ok}, {dict(counts.by_status)}, unanswered {counts.unanswered}; "
+              f"moves while counted: {'; '.join(self.moves[-1]) or 'none'}", flush=True)
         return probe
 
 
@@ -327,11 +374,16 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=0,
                         help="send over this many ModelStreamInfer streams per model, not "
                              "unary calls (default 0: unary)")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="make every batch cost and the SLO this many times longer "
+                             "(default 1: the scenario as it is)")
     parser.add_argument("--out", type=Path, default=Path(".bench/placement_real"))
     args = parser.parse_args()
+    if args.time_scale <= 0:
+        parser.error("--time-scale must be positive")
     args.out.mkdir(parents=True, exist_ok=True)
-    scenario = next(s for s in SCENARIOS if s.name == "shift")
-    slo_s = args.slo_ms / 1e3
+    scenario = scaled(next(s for s in SCENARIOS if s.name == "shift"), args.time_scale)
+    slo_s = args.slo_ms * args.time_scale / 1e3
     bound = bound_per_s(scenario, slo_s)
     started = time.perf_counter()
     probes = RealProbes(args.out, scenario, slo_s, args.streams)
@@ -350,7 +402,8 @@ def main() -> None:
         failed.update(counts.by_status)
     calls = f"{args.streams} ModelStreamInfer streams per model" if args.streams else \
         "unary ModelInfer"
-    summary = (f"shift, SLO {args.slo_ms:g} ms, auto, {calls}: real server "
+    scale = f", batch costs and SLO x{args.time_scale:g}" if args.time_scale != 1.0 else ""
+    summary = (f"shift, SLO {slo_s * 1e3:g} ms{scale}, auto, {calls}: real server "
                f"{real.goodput_per_s:.0f} req/s ({real.goodput_per_s / bound:.2f} of the bound "
                f"{bound:.0f}), virtual time {virtual:.0f} req/s ({virtual / bound:.2f}); "
                f"real / virtual {real.goodput_per_s / virtual:.2f}; virtual time with the real "
@@ -362,11 +415,12 @@ def main() -> None:
                f"failures by kind {dict(failed)}. ({time.perf_counter() - started:.0f} s)")
     print(summary)
     (args.out / "results.json").write_text(json.dumps({
-        "summary": summary, "bound_per_s": bound, "real": real.as_dict(),
+        "summary": summary, "time_scale": args.time_scale, "bound_per_s": bound,
+        "real": real.as_dict(),
         "virtual_per_s": virtual, "virtual_with_overheads_per_s": calibrated,
         "overheads": [{"transport_s": o.transport_s, "batch_overhead_s": o.batch_overhead_s}
                       for o in probes.overheads],
-        "start_placement": sorted(first),
+        "start_placement": sorted(first), "moves_while_counted": probes.moves,
         "counts": [{"sent": c.sent, "ok": c.ok, "by_status": dict(c.by_status)}
                    for c in probes.counts]}, indent=2))
 

@@ -8,10 +8,22 @@ import itertools
 import grpc
 import pytest
 
-from benchmarks.placement_real import SETTLE_S, WARMUP_S, Arrival, Counts, Tally, arrivals
+from benchmarks.placement_bound import bound_per_s
+from benchmarks.placement_real import (
+    SETTLE_S,
+    WARMUP_S,
+    Arrival,
+    Counts,
+    Tally,
+    arrivals,
+    config_text,
+    moves_while_counted,
+    scaled,
+)
 from benchmarks.placement_sim import Phase, Run, Scenario, SimModel
 from benchmarks.virtual_time import VirtualLoop
 from evenflow.client import ServerOverloadedError
+from evenflow.proto import evenflow_pb2 as ef
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -100,3 +112,30 @@ def test_the_tally_counts_answers_within_the_slo_and_failures_by_kind() -> None:
     # ...while recovery reads every second after the warm-up, by when a request was sent.
     assert run.sent_by_second == [1, 1, 2, 0, 0]
     assert run.ok_by_second == [1, 1, 0, 0, 0]
+
+
+def test_a_time_scale_makes_batch_costs_and_the_bound_scale_together() -> None:
+    slowed = scaled(TWO_PHASES, 4.0)
+    assert [(m.base_s, m.per_sample_s) for m in slowed.models] == \
+        [(pytest.approx(0.040), pytest.approx(0.008))] * 2
+    assert slowed.phases == TWO_PHASES.phases and slowed.speeds == TWO_PHASES.speeds
+    # Costs and SLO K times longer: the same placements fit, at 1/K of the rate.
+    assert bound_per_s(slowed, 0.4) == pytest.approx(bound_per_s(TWO_PHASES, 0.1) / 4)
+    assert 'sim_base_ms = 40' in config_text(slowed, 0.4)
+    assert scaled(TWO_PHASES, 1.0) is TWO_PHASES
+
+
+def test_only_moves_done_while_requests_count_are_reported_in_their_phase() -> None:
+    begin_uptime_s = 3.0  # the server had run 3 s when the warm-up began
+    phase_1_s = begin_uptime_s + WARMUP_S + TWO_PHASES.start_s(1)
+
+    def move(at_s: float, outcome: str = "done") -> ef.PlacementMove:
+        return ef.PlacementMove(at_s=at_s, kind="add", model="b", device="sim1",
+                                reason="plan", took_s=2.0, outcome=outcome)
+
+    moves = [move(begin_uptime_s + 1.0),  # in the warm-up
+             move(phase_1_s + SETTLE_S - 0.5),  # still settling
+             move(phase_1_s + SETTLE_S + 1.0),
+             move(phase_1_s + SETTLE_S + 2.0, "skipped: no memory")]
+    assert moves_while_counted(TWO_PHASES, moves, begin_uptime_s) == \
+        [f"phase 1 +{SETTLE_S + 1.0:.1f} s: add b on sim1 (plan)"]
