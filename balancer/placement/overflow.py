@@ -14,11 +14,18 @@ over the capacity the assessment gives it). Under the max-min program every mode
 the headroom sits at the same load, so ties go to the model with the fewest serving replicas
 (a queue pooled over several devices rarely backs up all of them at once; one on a single
 device does), then to the larger demand, then to the name.
+
+A device's overflow replica changes model only for a clearly needier one: a load 1.5x the
+holder's, or with loads within that, 1.5x its demand. A swap costs a load time, and the
+planner's demand is a short window's: a model's load moves a step or two from one window to
+the next, which must not move a replica back and forth.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from evenflow.balancer.placement.assessment import assess, replica_rates_per_s
 from evenflow.balancer.placement.inventory import (
@@ -35,37 +42,50 @@ from evenflow.balancer.placement.planner import Plan
 # limits the headroom, and demand estimates are not finer than this.
 LOAD_STEP = 0.05
 
-# On a tie in load and serving replicas, a model takes a device's overflow replica from another
-# only with this much more demand.
-SWAP_DEMAND_RATIO = 1.5
+# A model takes a device's overflow replica from another only with this much more load, or,
+# with loads within it, this much more demand.
+SWAP_RATIO = 1.5
 
 Need = tuple[float, int, float, str]  # sorts neediest first
+
+
+@dataclass(frozen=True, slots=True)
+class _Demand:
+    load: float  # demand over the capacity the assessment gives the model; inf for none
+    rate_per_s: float
 
 
 def answers_alone_within_slo(profile: ModelProfile, device: str) -> bool:
     return profile.allowed_on(device) and profile.costs[device].batch_s(1) <= profile.slo_s
 
 
-def _needs(placement: Placement, profiles: Mapping[str, ModelProfile],
-           demand_per_s: Mapping[str, float], serving: Mapping[str, int]) -> dict[str, Need]:
+def _demands(placement: Placement, profiles: Mapping[str, ModelProfile],
+             demand_per_s: Mapping[str, float]) -> dict[str, _Demand]:
     capacity = assess(placement, profiles, demand_per_s).capacity_per_s
-    needs = {}
+    demands = {}
     for name, rate in demand_per_s.items():
         if rate <= 0.0 or name not in profiles:
             continue
         have = capacity.get(name, 0.0)
-        load = rate / have if have > 0.0 else float("inf")
-        steps = round(load / LOAD_STEP) if load != float("inf") else float("inf")
-        needs[name] = (-steps, serving.get(name, 0), -rate, name)
-    return needs
+        demands[name] = _Demand(rate / have if have > 0.0 else math.inf, rate)
+    return demands
 
 
-def _clearly_needier(need: Need, other: Need) -> bool:
-    """Needier by load or serving replicas, or on a tie by a demand this much larger: a swap
-    costs a load time, so two models of about the same need do not trade the device."""
-    if need[:2] != other[:2]:
-        return need[:2] < other[:2]
-    return -need[2] > SWAP_DEMAND_RATIO * -other[2]
+def _need(demand: _Demand, serving: int, name: str) -> Need:
+    steps = -math.inf if math.isinf(demand.load) else -round(demand.load / LOAD_STEP)
+    return (steps, serving, -demand.rate_per_s, name)
+
+
+def _clearly_needier(demand: _Demand, other: _Demand) -> bool:
+    """A load ``SWAP_RATIO`` times the other's, or with loads within that, a demand that
+    much larger (the module's docstring)."""
+    if math.isinf(demand.load) and math.isinf(other.load):  # neither has capacity elsewhere
+        return demand.rate_per_s >= SWAP_RATIO * other.rate_per_s
+    if demand.load >= SWAP_RATIO * other.load:
+        return True
+    if other.load >= SWAP_RATIO * demand.load:
+        return False
+    return demand.rate_per_s >= SWAP_RATIO * other.rate_per_s
 
 
 def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
@@ -83,8 +103,8 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
     serving: dict[str, int] = {}
     for name, _ in serving_pairs:
         serving[name] = serving.get(name, 0) + 1
-    needs = _needs(placement, profiles, demand_per_s, serving)
-    order = sorted(needs, key=needs.__getitem__)
+    demands = _demands(placement, profiles, demand_per_s)
+    order = sorted(demands, key=lambda n: _need(demands[n], serving.get(n, 0), n))
     counts = {name: sum(1 for n, _ in placement if n == name) for name in profiles}
     busy_devices = {device for _, device in serving_pairs}
     drops: list[tuple[str, str]] = []
@@ -92,7 +112,7 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
     for device in devices:
         if device.name in busy_devices:
             continue
-        here = [name for name in models_on(placement, device.name) if name in needs]
+        here = [name for name in models_on(placement, device.name) if name in demands]
         if len(here) > 1:
             continue  # replicas of two busy models (a device that slowed): not spare memory
         free = device.memory_bytes - memory_used_bytes(placement, device.name, profiles)
@@ -106,7 +126,7 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
                 continue
             if profile.max_replicas is not None and counts[name] >= profile.max_replicas:
                 continue
-            if any(counts[n] <= 1 or not _clearly_needier(needs[name], needs[n])
+            if any(counts[n] <= 1 or not _clearly_needier(demands[name], demands[n])
                    for n in here):
                 break  # what is there is needed as much, or nowhere else
             drops += [(n, device.name) for n in here]

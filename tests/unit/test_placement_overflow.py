@@ -135,3 +135,18 @@ def test_between_plans_the_overflow_replica_follows_the_need() -> None:
     assert list(strategy.moves(_view(0.0, PLACED | {("b", "d3")}, 0.01))) == []  # the plan
     assert list(strategy.moves(_view(1.0, held, 0.01))) == [
         (Move("drop", "a", "d3"), "overflow"), (Move("add", "b", "d3"), "overflow")]
+
+
+
+def test_a_model_on_fewer_devices_at_the_same_load_does_not_take_the_overflow_replica() -> None:
+    # a holds d3's overflow replica and serves on d1 and d2; c serves on d0 alone. The program
+    # gives both the same load, and c less demand: a swap would pay a load time for nothing
+    # (and a short demand window flips such a near-tie back and forth).
+    held = frozenset({("c", "d0"), ("b", "d1"), ("a", "d1"), ("a", "d2"), ("a", "d3")})
+    demand = {"a": 200.0, "b": 60.0, "c": 180.0}
+    capacity = assess(held, PROFILES, demand).capacity_per_s
+    assert demand["a"] / capacity["a"] == pytest.approx(demand["c"] / capacity["c"])
+    assert overflow_changes(held, DEVICES, PROFILES, demand) == ([], [])
+    # With 1.5x a's demand, c is clearly the needier: the replica follows it.
+    hot_c = {**demand, "c": 1.5 * demand["a"]}
+    assert overflow_changes(held, DEVICES, PROFILES, hot_c) == ([("a", "d3")], [("c", "d3")])
