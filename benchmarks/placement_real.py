@@ -46,11 +46,18 @@ import numpy as np
 from benchmarks.harness import evenflow_argv, start
 from benchmarks.placement import SCENARIOS
 from benchmarks.placement_bound import bound_per_s
-from benchmarks.placement_sim import NO_OVERHEADS, Overheads, Run, Scenario, probe_of, run_scenario
+from benchmarks.placement_sim import (
+    NO_OVERHEADS,
+    Overheads,
+    Run,
+    Scenario,
+    phase_percentiles_s,
+    probe_of,
+    run_scenario,
+)
 from benchmarks.virtual_time import VirtualLoop
 from evenflow.balancer.placement.inventory import Placement
 from evenflow.client import AsyncClient, InferenceServerError
-from evenflow.loadtest.percentiles import ordered_percentile
 from evenflow.loadtest.slo_search import Probe, SearchSettings, search_goodput
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
@@ -119,12 +126,11 @@ def moves_while_counted(scenario: Scenario, moves: Iterable[ef.PlacementMove],
     time), as "phase N +S s: kind model on device (reason)"; ``begin_uptime_s`` is the
     server's uptime when the run's warm-up began."""
     out = []
-    for move in moves:
+    for move in (m for m in moves if m.outcome == "done"):
         at_s = move.at_s - begin_uptime_s - WARMUP_S
         for index in range(len(scenario.phases)):
             into_s = at_s - scenario.start_s(index)
-            if SETTLE_S <= into_s < scenario.phases[index].seconds and \
-                    move.outcome == "done":
+            if SETTLE_S <= into_s < scenario.phases[index].seconds:
                 out.append(f"phase {index} +{into_s:.1f} s: {move.kind} {move.model} on "
                            f"{move.device} ({move.reason})")
     return out
@@ -338,8 +344,8 @@ class RealProbes:
         self.moves.append(moves_while_counted(self.scenario, after.placement.recent,
                                               before.uptime_s))
         probe = probe_of(run, rate_per_s, seed)
-        phase_p99_ms = ", ".join(f"{ordered_percentile(sorted(lat), 0.99) * 1e3:.0f}"
-                                 for lat in run.phase_latencies_s if lat)
+        phase_p99_ms = ", ".join(f"{p99_s * 1e3:.0f}"
+                                 for p99_s in phase_percentiles_s(run, 0.99))
         print(f"  real {rate_per_s:.0f}/s: p99 {probe.p99_s * 1e3:.1f} ms (by phase "
               f"{phase_p99_ms}), errors {probe.error_fraction:.3f}; sent {counts.sent}, ok "
               f"{counts.ok}, {dict(counts.by_status)}, unanswered {counts.unanswered}; "

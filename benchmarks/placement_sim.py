@@ -368,15 +368,20 @@ def make_strategy(name: str, balancers: Mapping[str, ModelBalancer]) -> Strategy
     raise ValueError(f"unknown strategy {name!r}")
 
 
+def phase_percentiles_s(run: Run, q: float) -> list[float]:
+    """Each phase's q-quantile of its counted latencies (nan for a phase without any)."""
+    out = []
+    for latencies in run.phase_latencies_s:
+        latencies.sort()
+        out.append(ordered_percentile(latencies, q) if latencies else math.nan)
+    return out
+
+
 def probe_of(run: Run, rate_per_s: float, seed: int) -> Probe:
     """The run as one probe of the SLO search: its worst phase decides (p99 and errors)."""
-    p99s, errors, p50s = [], [], []
-    for latencies, sent, failed in zip(run.phase_latencies_s, run.phase_sent,
-                                       run.phase_errors, strict=True):
-        latencies.sort()
-        p99s.append(ordered_percentile(latencies, 0.99) if latencies else math.nan)
-        p50s.append(ordered_percentile(latencies, 0.5) if latencies else math.nan)
-        errors.append(failed / sent if sent else 0.0)
+    p99s, p50s = phase_percentiles_s(run, 0.99), phase_percentiles_s(run, 0.5)
+    errors = [failed / sent if sent else 0.0
+              for sent, failed in zip(run.phase_sent, run.phase_errors, strict=True)]
     p99 = math.nan if any(math.isnan(p) for p in p99s) else max(p99s)
     served = sum(len(x) for x in run.phase_latencies_s)
     return Probe(rate_per_s, seed, max(p50s), p99, max(errors), float(served))

@@ -137,7 +137,6 @@ def test_between_plans_the_overflow_replica_follows_the_need() -> None:
         (Move("drop", "a", "d3"), "overflow"), (Move("add", "b", "d3"), "overflow")]
 
 
-
 def test_a_model_on_fewer_devices_at_the_same_load_does_not_take_the_overflow_replica() -> None:
     # a holds d3's overflow replica and serves on d1 and d2; c serves on d0 alone. The program
     # gives both the same load, and c less demand: a swap would pay a load time for nothing
