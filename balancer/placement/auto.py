@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from evenflow.balancer.placement.change import ChangeTest
 from evenflow.balancer.placement.inventory import devices_of
 from evenflow.balancer.placement.moves import Move, floor_replicas
 from evenflow.balancer.placement.overflow import (
@@ -21,26 +22,21 @@ from evenflow.balancer.placement.view import PlacerView
 
 @dataclass(frozen=True, slots=True)
 class AutoSettings:
-    """``plan_interval_s``: how often the planner runs while nothing is moving. ``big_change``:
-    a model's share of the total demand moving by this much (absolute), or the total by this
-    factor, plans once the demand window holds only the new mix (``settle_s``, the demand
-    meter's short window). ``periodic_min_gain``: the gain a periodic plan's moves must bring
+    """``plan_interval_s``: how often the planner runs while nothing is moving. ``change``: what
+    counts as a big change in the demand (``change.ChangeTest``), which plans once it has held
+    for ``settle_s`` (the demand meter's short window: by then the window holds only the new
+    mix). ``periodic_min_gain``: the gain a periodic plan's moves must bring
     (the demand has not changed much, so a move then is mostly estimation noise, and each costs
     its model a replica's capacity for a load time). ``tuner_pause_s``: after a plan's moves,
     how long the tuner waits before its signal means anything again."""
 
     plan_interval_s: float = 10.0
     periodic_min_gain: float = 0.2
-    big_change: float = 0.15
+    change: ChangeTest = field(default_factory=ChangeTest)
     settle_s: float = 2.0
     tuner_pause_s: float = 5.0
     planner: PlannerSettings = field(default_factory=PlannerSettings)
     tuner: TunerSettings = field(default_factory=TunerSettings)
-
-
-def _shares(demand_per_s: Mapping[str, float]) -> tuple[float, dict[str, float]]:
-    total = sum(demand_per_s.values())
-    return total, {name: rate / total if total else 0.0 for name, rate in demand_per_s.items()}
 
 
 class AutoStrategy:
@@ -52,27 +48,13 @@ class AutoStrategy:
         self._changed_at_s: float | None = None  # when a big change was first seen
         self._moved_at_s = -math.inf  # when moves were last in flight
 
-    def _big_change(self, demand_per_s: Mapping[str, float]) -> bool:
-        total, shares = _shares(demand_per_s)
-        before_total, before = _shares(self._planned_for)
-        if (total > 0.0) != (before_total > 0.0):
-            return True
-        if total <= 0.0:
-            return False
-        if max(total, before_total) > (1.0 + self.settings.big_change) * min(total,
-                                                                              before_total):
-            return True
-        names = set(shares) | set(before)
-        return any(abs(shares.get(n, 0.0) - before.get(n, 0.0)) > self.settings.big_change
-                   for n in names)
-
     def moves(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
         now_s = view.now_s
         if view.moves_in_flight:
             self._moved_at_s = now_s
         if view.moves_left <= 0:
             return ()
-        if self._big_change(view.demand_per_s):
+        if self.settings.change.is_big(view.demand_per_s, self._planned_for):
             if self._changed_at_s is None:
                 self._changed_at_s = now_s
             if now_s - self._changed_at_s >= self.settings.settle_s:

@@ -1,0 +1,64 @@
+"""Whether the demand has changed enough to plan for at once: a model's share of the total, or
+the total, has moved by a set amount *and* by more than counting noise explains.
+
+The demand the planner sees is a count of samples over a short window. At a few hundred samples
+a second a 2 s window holds several hundred samples, and two such windows now and then differ
+by 15-20 % in total with nothing changed; a plan for such a blip reshuffles replicas, each move
+costing its model a replica's capacity for a load time. So each criterion is also a test: the
+difference must be ``min_z`` standard deviations of the difference two windows of Poisson
+arrivals at those rates would show. A real shift of the mix is far past it (a share moving 0.4
+at 180 samples/s is about 10 standard deviations), a blip is not.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ChangeTest:
+    """``share``: how far (absolute) a model's share of the total must move; ``total_factor``:
+    by what factor the total must move; ``min_z``: how many standard deviations of counting
+    noise either must also be; ``window_s``: the length of the window the rates were counted
+    over (so a rate gives a count)."""
+
+    share: float = 0.15
+    total_factor: float = 1.15
+    min_z: float = 4.0
+    window_s: float = 2.0
+
+    def is_big(self, now_per_s: Mapping[str, float], before_per_s: Mapping[str, float]) -> bool:
+        total_now = sum(now_per_s.values())
+        total_before = sum(before_per_s.values())
+        if (total_now > 0.0) != (total_before > 0.0):
+            return True  # from idle to busy or back
+        if total_now <= 0.0:
+            return False
+        n_now, n_before = total_now * self.window_s, total_before * self.window_s
+        if (max(total_now, total_before) > self.total_factor * min(total_now, total_before)
+                and _counts_z(n_now, n_before) >= self.min_z):
+            return True
+        for name in set(now_per_s) | set(before_per_s):
+            share_now = now_per_s.get(name, 0.0) / total_now
+            share_before = before_per_s.get(name, 0.0) / total_before
+            if (abs(share_now - share_before) > self.share
+                    and _shares_z(share_now, n_now, share_before, n_before) >= self.min_z):
+                return True
+        return False
+
+
+def _counts_z(n_a: float, n_b: float) -> float:
+    """How many standard deviations apart two Poisson counts are."""
+    return abs(n_a - n_b) / math.sqrt(n_a + n_b) if n_a + n_b > 0.0 else 0.0
+
+
+def _shares_z(p_a: float, n_a: float, p_b: float, n_b: float) -> float:
+    """How many standard deviations apart two shares are, from ``n_a`` and ``n_b`` samples
+    (the two-proportion test, the shares pooled for the variance)."""
+    if n_a <= 0.0 or n_b <= 0.0:
+        return 0.0
+    pooled = (p_a * n_a + p_b * n_b) / (n_a + n_b)
+    variance = pooled * (1.0 - pooled) * (1.0 / n_a + 1.0 / n_b)
+    return abs(p_a - p_b) / math.sqrt(variance) if variance > 0.0 else 0.0
