@@ -234,7 +234,8 @@ class ModelBalancer:
         if num_samples > self.config.max_batch:
             raise InvalidRequest(f"batch of {num_samples} exceeds max batch size "
                                  f"{self.config.max_batch} of model {self.model_name!r}")
-        self.counters.arrived_samples += num_samples  # demand: refused requests count too
+        self.counters.arrived_requests += 1  # demand: refused requests count too
+        self.counters.arrived_samples += num_samples
         level = self.config.level_of(priority) if priority else self._default_level
         now_s = self._clock()
         if deadline_s <= now_s:

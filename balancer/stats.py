@@ -206,7 +206,9 @@ class ModelCounters:
     cpu: CpuParts | None = None  # CPU time by part of the request path, when measured
     rerouted: int = 0  # requests moved off a replica that lost its worker
     rebound: int = 0  # requests moved by late binding as their batch was about to start
-    arrived_samples: int = 0  # samples of every request that reached submit, refused or not
+    # Every request that reached submit, refused or not, and its samples (demand).
+    arrived_requests: int = 0
+    arrived_samples: int = 0
 
     def statistics(self) -> ModelStatistics:
         """A copy of what the server reports of the model (Triton's statistics and metrics)."""

@@ -170,7 +170,7 @@ class PlacementMove(_message.Message):
     def __init__(self, at_s: _Optional[float] = ..., kind: _Optional[str] = ..., model: _Optional[str] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., took_s: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("mode", "replicas", "moves", "recent", "demand_per_s")
+    __slots__ = ("mode", "replicas", "moves", "recent", "demand_per_s", "requests_per_s")
     class MovesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -185,17 +185,26 @@ class Placement(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class RequestsPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     MODE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
     RECENT_FIELD_NUMBER: _ClassVar[int]
     DEMAND_PER_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
     mode: str
     replicas: _containers.RepeatedCompositeFieldContainer[PlacedReplica]
     moves: _containers.ScalarMap[str, int]
     recent: _containers.RepeatedCompositeFieldContainer[PlacementMove]
     demand_per_s: _containers.ScalarMap[str, float]
-    def __init__(self, mode: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[PlacedReplica, _Mapping]]] = ..., moves: _Optional[_Mapping[str, int]] = ..., recent: _Optional[_Iterable[_Union[PlacementMove, _Mapping]]] = ..., demand_per_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    requests_per_s: _containers.ScalarMap[str, float]
+    def __init__(self, mode: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[PlacedReplica, _Mapping]]] = ..., moves: _Optional[_Mapping[str, int]] = ..., recent: _Optional[_Iterable[_Union[PlacementMove, _Mapping]]] = ..., demand_per_s: _Optional[_Mapping[str, float]] = ..., requests_per_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("uptime_s", "models", "devices", "placement")

@@ -54,7 +54,8 @@ class AutoStrategy:
             self._moved_at_s = now_s
         if view.moves_left <= 0:
             return ()
-        if self.settings.change.is_big(view.demand_per_s, self._planned_for):
+        if self.settings.change.is_big(view.demand_per_s, self._planned_for,
+                                       view.samples_per_request):
             if self._changed_at_s is None:
                 self._changed_at_s = now_s
             if now_s - self._changed_at_s >= self.settings.settle_s:

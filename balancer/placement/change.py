@@ -7,7 +7,9 @@ by 15-20 % in total with nothing changed; a plan for such a blip reshuffles repl
 costing its model a replica's capacity for a load time. So each criterion is also a test: the
 difference must be ``min_z`` standard deviations of the difference two windows of Poisson
 arrivals at those rates would show. A real shift of the mix is far past it (a share moving 0.4
-at 180 samples/s is about 10 standard deviations), a blip is not.
+at 180 requests/s is about 10 standard deviations), a blip is not. What arrives at random is
+requests, so the counts are of requests: a window of 8-sample requests holds an eighth of the
+independent arrivals its sample count suggests.
 """
 
 from __future__ import annotations
@@ -29,14 +31,24 @@ class ChangeTest:
     min_z: float = 4.0
     window_s: float = 2.0
 
-    def is_big(self, now_per_s: Mapping[str, float], before_per_s: Mapping[str, float]) -> bool:
+    def is_big(self, now_per_s: Mapping[str, float], before_per_s: Mapping[str, float],
+               samples_per_request: Mapping[str, float] | None = None) -> bool:
+        """Whether demand ``now_per_s`` differs enough from ``before_per_s`` (samples/s per
+        model). ``samples_per_request``: each model's mean request now (1 where missing), which
+        turns both windows' sample rates into request counts."""
         total_now = sum(now_per_s.values())
         total_before = sum(before_per_s.values())
         if (total_now > 0.0) != (total_before > 0.0):
             return True  # from idle to busy or back
         if total_now <= 0.0:
             return False
-        n_now, n_before = total_now * self.window_s, total_before * self.window_s
+        per_request = samples_per_request or {}
+
+        def requests(rates: Mapping[str, float]) -> float:
+            return self.window_s * sum(rate / max(per_request.get(name, 1.0), 1.0)
+                                       for name, rate in rates.items())
+
+        n_now, n_before = requests(now_per_s), requests(before_per_s)
         if (max(total_now, total_before) > self.total_factor * min(total_now, total_before)
                 and _counts_z(n_now, n_before) >= self.min_z):
             return True

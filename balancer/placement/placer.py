@@ -84,7 +84,8 @@ class PlacementSnapshot:
     replicas: tuple[tuple[str, str, str], ...]  # (model, device, state)
     moves: Mapping[str, int]  # by "kind/reason/outcome-word"
     recent: tuple[MoveRecord, ...]
-    demand_per_s: Mapping[str, float]
+    demand_per_s: Mapping[str, float]  # samples, over the short window
+    requests_per_s: Mapping[str, float]  # over the short window
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,10 @@ class _Model:
     balancer: ModelBalancer
     demand: DemandMeter = field(default_factory=DemandMeter)
     waiting_since_s: float | None = None  # parked requests and no replica could be loaded
+
+    def observe_demand(self, now_s: float) -> None:
+        counters = self.balancer.counters
+        self.demand.observe(counters.arrived_samples, counters.arrived_requests, now_s)
 
 
 class Placer:
@@ -251,7 +256,7 @@ class Placer:
                                         replica.fit_per_sample_s)
                 if replica.healthy:
                     works.append(replica.outstanding_work_s)
-            model.demand.observe(model.balancer.counters.arrived_samples, now_s)
+            model.observe_demand(now_s)
             if works:
                 mean_work[name] = sum(w for w in works if math.isfinite(w)) / len(works)
         return PlacerView(
@@ -260,6 +265,8 @@ class Placer:
                 ReplicaState.SERVING),
             demand_per_s={n: self._demand_per_s(n, now_s) for n in self._models},
             long_demand_per_s={n: m.demand.long_per_s for n, m in self._models.items()},
+            samples_per_request={n: m.demand.samples_per_request
+                                 for n, m in self._models.items()},
             mean_work_s=mean_work, moves_left=self._budget.left(now_s),
             moves_in_flight=len(self._tasks))
 
@@ -471,7 +478,7 @@ class Placer:
     def _idle(self, name: str, now_s: float) -> bool:
         """Nothing in flight, and no request for ``idle_s``."""
         model = self._models[name]
-        model.demand.observe(model.balancer.counters.arrived_samples, now_s)
+        model.observe_demand(now_s)
         return not model.balancer.admitted_requests and \
             model.demand.idle_for_s(now_s) >= self.settings.idle_s
 
@@ -483,4 +490,5 @@ class Placer:
             replicas=tuple(sorted((r.model, r.device, r.state.value)
                                   for r in self._replicas.values())),
             moves=dict(self._counts), recent=tuple(self._recent),
-            demand_per_s={n: m.demand.short_per_s for n, m in self._models.items()})
+            demand_per_s={n: m.demand.short_per_s for n, m in self._models.items()},
+            requests_per_s={n: m.demand.short_requests_per_s for n, m in self._models.items()})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile, Placement
@@ -14,7 +14,8 @@ from evenflow.balancer.placement.moves import Move
 class PlacerView:
     """``placement``: every replica that holds memory (loading, serving or draining);
     ``serving``: those in routing. Demand in samples/s. ``mean_work_s``: a model's mean
-    outstanding work per replica in routing. ``moves_left``: the budget's remaining moves;
+    outstanding work per replica in routing. ``samples_per_request``: each model's mean request
+    (1 where not given). ``moves_left``: the budget's remaining moves;
     ``moves_in_flight``: moves started and not finished."""
 
     now_s: float
@@ -27,6 +28,7 @@ class PlacerView:
     mean_work_s: Mapping[str, float]
     moves_left: int
     moves_in_flight: int = 0
+    samples_per_request: Mapping[str, float] = field(default_factory=dict)
 
 
 class Strategy(Protocol):

@@ -80,7 +80,8 @@ def placement_message(snapshot: PlacementSnapshot | None, started_s: float) -> e
         recent=[ef.PlacementMove(at_s=r.at_s - started_s, kind=r.kind, model=r.model,
                                  device=r.device, reason=r.reason, took_s=r.took_s,
                                  outcome=r.outcome) for r in snapshot.recent],
-        demand_per_s=dict(snapshot.demand_per_s))
+        demand_per_s=dict(snapshot.demand_per_s),
+        requests_per_s=dict(snapshot.requests_per_s))
 
 
 class AdminServicer(ef_grpc.EvenflowAdminServicer):

@@ -208,7 +208,8 @@ def _frontend_families(frontends: Iterable[FrontendState]) -> list[MetricFamily]
 _MOVES = "evenflow_placement_moves_total"
 _REPLICAS = "evenflow_placement_replicas"
 _DEMAND = "evenflow_model_demand_samples_per_second"
-PLACEMENT_METRIC_NAMES = frozenset({_MOVES, _REPLICAS, _DEMAND})
+_DEMAND_REQUESTS = "evenflow_model_demand_requests_per_second"
+PLACEMENT_METRIC_NAMES = frozenset({_MOVES, _REPLICAS, _DEMAND, _DEMAND_REQUESTS})
 
 
 def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamily]:
@@ -222,6 +223,9 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
                             "draining)")
     demand = MetricFamily(_DEMAND, "gauge",
                           "Samples per second reaching the model, refused ones too, over 2 s")
+    demand_requests = MetricFamily(
+        _DEMAND_REQUESTS, "gauge",
+        "Requests per second reaching the model, refused ones too, over 2 s")
     if placement is None:
         return []
     for key, count in sorted(placement.moves.items()):
@@ -231,7 +235,9 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
         replicas.add(1.0, model=model, device=device, state=state)
     for model, rate in sorted(placement.demand_per_s.items()):
         demand.add(rate, model=model)
-    return [moves, replicas, demand]
+    for model, rate in sorted(placement.requests_per_s.items()):
+        demand_requests.add(rate, model=model)
+    return [moves, replicas, demand, demand_requests]
 
 
 def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample],

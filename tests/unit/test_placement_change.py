@@ -41,6 +41,17 @@ def test_a_total_blip_that_counting_noise_explains_is_not() -> None:
     assert test.is_big(rates(FIRST, 2140.0), rates(FIRST, 1750.0))
 
 
+def test_noise_is_counted_in_requests_not_samples() -> None:
+    # 1,750 and 2,140 samples/s is past noise as one-sample requests, not as 8-sample ones
+    # (an eighth of the independent arrivals).
+    test = ChangeTest()
+    eight = dict.fromkeys(FIRST, 8.0)
+    assert test.is_big(rates(FIRST, 2140.0), rates(FIRST, 1750.0), dict.fromkeys(FIRST, 1.0))
+    assert not test.is_big(rates(FIRST, 2140.0), rates(FIRST, 1750.0), eight)
+    shifted_now = rates(SHIFTED, 180.0 * 8)
+    assert test.is_big(shifted_now, rates(FIRST, 180.0 * 8), eight)
+
+
 def test_a_significant_change_below_the_threshold_is_not_big() -> None:
     assert not ChangeTest().is_big(rates({"a": 0.5, "b": 0.3, "c": 0.2}, 5000.0),
                                    rates(FIRST, 5000.0))

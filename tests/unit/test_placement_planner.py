@@ -200,16 +200,22 @@ def test_a_model_that_fits_nowhere_is_not_placed() -> None:
 def test_demand_meter_short_and_long_windows() -> None:
     meter = DemandMeter(short_window_s=2.0, long_tau_s=30.0)
     count = 0
-    for step in range(41):  # 100 samples/s for 20 s
-        meter.observe(count, step * 0.5)
+    assert meter.samples_per_request == 1.0  # nothing measured yet
+    requests = 0
+    for step in range(41):  # 100 samples/s in 4-sample requests for 20 s
+        meter.observe(count, requests, step * 0.5)
         count += 50
+        requests += 12 if step % 2 else 13
     assert meter.short_per_s == pytest.approx(100.0, rel=0.01)
     assert meter.long_per_s == pytest.approx(100.0, rel=0.01)
+    assert meter.short_requests_per_s == pytest.approx(25.0, rel=0.05)
+    assert meter.samples_per_request == pytest.approx(4.0, rel=0.05)
     for step in range(41, 46):  # then nothing: 2 s later the short window has forgotten
-        meter.observe(count, step * 0.5)
+        meter.observe(count, requests, step * 0.5)
     assert meter.short_per_s == 0.0
+    assert meter.samples_per_request == pytest.approx(4.0, rel=0.05)  # the long window's
     for step in range(46, 61):
-        meter.observe(count, step * 0.5)
+        meter.observe(count, requests, step * 0.5)
     assert 50.0 < meter.long_per_s < 100.0
     assert meter.idle_for_s(30.0) == pytest.approx(10.0, abs=0.5)
 

@@ -13,7 +13,8 @@ SNAPSHOT = PlacementSnapshot(
     replicas=(("a", "sim0", "serving"), ("b", "sim1", "loading")),
     moves={"add/plan/done": 3, "drop/demand/skipped": 1},
     recent=(MoveRecord(105.0, "add", "a", "sim0", "plan", 2.1, "done"),),
-    demand_per_s={"a": 120.5, "b": 0.0})
+    demand_per_s={"a": 120.5, "b": 0.0},
+    requests_per_s={"a": 30.125, "b": 0.0})
 
 
 def test_the_stats_message_holds_replicas_moves_and_demand() -> None:
@@ -24,6 +25,7 @@ def test_the_stats_message_holds_replicas_moves_and_demand() -> None:
     (move,) = message.recent
     assert (move.at_s, move.kind, move.model, move.took_s) == (5.0, "add", "a", 2.1)
     assert dict(message.demand_per_s) == {"a": 120.5, "b": 0.0}
+    assert dict(message.requests_per_s) == {"a": 30.125, "b": 0.0}
 
 
 def test_without_a_placer_the_message_says_all_and_nothing_else() -> None:
@@ -36,4 +38,5 @@ def test_metrics_export_moves_replicas_and_demand() -> None:
     assert 'evenflow_placement_moves_total{kind="add",outcome="done",reason="plan"} 3.0' in text
     assert 'evenflow_placement_replicas{device="sim1",model="b",state="loading"} 1.0' in text
     assert 'evenflow_model_demand_samples_per_second{model="a"} 120.5' in text
+    assert 'evenflow_model_demand_requests_per_second{model="a"} 30.125' in text
     assert "evenflow_placement" not in render(collect([], [], {})).decode()
