@@ -3,6 +3,7 @@ demand mix), the tuner on a fast one."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -15,9 +16,11 @@ from evenflow.balancer.placement.overflow import (
     overflow_replicas,
     with_overflow,
 )
-from evenflow.balancer.placement.planner import PlannerSettings, propose
+from evenflow.balancer.placement.planner import Plan, PlannerSettings, propose
 from evenflow.balancer.placement.tuner import Tuner, TunerSettings
 from evenflow.balancer.placement.view import PlacerView
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +30,16 @@ class AutoSettings:
     for ``settle_s`` (the demand meter's short window: by then the window holds only the new
     mix). ``periodic_min_gain``: the gain a periodic plan's moves must bring
     (the demand has not changed much, so a move then is mostly estimation noise, and each costs
-    its model a replica's capacity for a load time). ``tuner_pause_s``: after a plan's moves,
+    its model a replica's capacity for a load time). ``confirm_s``: a periodic plan moves only
+    if it finds such a gain again this long after it first did, in a demand window disjoint
+    from the first: a placement's headroom hangs on its tightest model, often one with little
+    demand, whose 2 s window wanders by a tenth or more; a gain made of that does not show
+    twice, one made by a change in costs does. ``tuner_pause_s``: after a plan's moves,
     how long the tuner waits before its signal means anything again."""
 
     plan_interval_s: float = 10.0
     periodic_min_gain: float = 0.2
+    confirm_s: float = 2.0
     change: ChangeTest = field(default_factory=ChangeTest)
     settle_s: float = 2.0
     tuner_pause_s: float = 5.0
@@ -47,6 +55,7 @@ class AutoStrategy:
         self._planned_for: Mapping[str, float] = {}
         self._changed_at_s: float | None = None  # when a big change was first seen
         self._moved_at_s = -math.inf  # when moves were last in flight
+        self._gain_seen_at_s: float | None = None  # a periodic plan's gain, to be confirmed
 
     def moves(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
         now_s = view.now_s
@@ -59,25 +68,47 @@ class AutoStrategy:
             if self._changed_at_s is None:
                 self._changed_at_s = now_s
             if now_s - self._changed_at_s >= self.settings.settle_s:
-                return self._plan(view, self.settings.planner.min_gain)
+                return self._made(view, self._propose(view, self.settings.planner.min_gain),
+                              "change")
             return ()  # the window still holds some of the old mix
         self._changed_at_s = None
         if view.moves_in_flight:
             return ()
         if now_s - self._planned_at_s >= self.settings.plan_interval_s:
-            return self._plan(view, self.settings.periodic_min_gain)
+            return self._plan_periodic(view)
         if now_s - self._moved_at_s >= self.settings.tuner_pause_s:
             return self._tune(view) or self._follow_overflow(view)
         return ()
 
-    def _plan(self, view: PlacerView, min_gain: float) -> Sequence[tuple[Move, str]]:
-        self._planned_at_s, self._planned_for = view.now_s, dict(view.demand_per_s)
-        self._changed_at_s = None
+    def _plan_periodic(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
+        seen_at_s = self._gain_seen_at_s
+        if seen_at_s is not None and view.now_s - seen_at_s < self.settings.confirm_s:
+            return ()  # until the demand window holds none of the one that showed the gain
+        plan = self._propose(view, self.settings.periodic_min_gain)
+        if plan.moves and seen_at_s is None:
+            self._gain_seen_at_s = view.now_s
+            return ()
+        return self._made(view, plan, "periodic")
+
+    def _propose(self, view: PlacerView, min_gain: float) -> Plan:
         settings = replace(self.settings.planner, min_gain=min_gain,
                            max_moves=min(self.settings.planner.max_moves, view.moves_left))
-        plan = with_overflow(propose(view.placement, view.devices, view.profiles,
+        return with_overflow(propose(view.placement, view.devices, view.profiles,
                                      view.demand_per_s, settings),
                              view.devices, view.profiles, view.demand_per_s)
+
+    def _made(self, view: PlacerView, plan: Plan, cause: str) -> Sequence[tuple[Move, str]]:
+        """Record that a plan was made for the demand now, and return its moves."""
+        self._planned_at_s, self._planned_for = view.now_s, dict(view.demand_per_s)
+        self._changed_at_s = self._gain_seen_at_s = None
+        if plan.moves:
+            # Why replicas move: what the plan expects to gain, for which demand and costs.
+            logger.info("placement plan (%s): headroom %.2f -> %.2f for %s samples/s; costs "
+                        "at one sample %s ms", cause, plan.before.headroom,
+                        plan.after.headroom, _rounded(view.demand_per_s),
+                        _rounded({f"{name}@{device}": 1e3 * cost.batch_s(1)
+                                  for name, profile in sorted(view.profiles.items())
+                                  for device, cost in sorted(profile.costs.items())}))
         return [(move, "plan") for move in plan.moves]
 
     def _tune(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
@@ -116,3 +147,6 @@ class AutoStrategy:
         return [(Move("drop", n, d), "overflow") for n, d in drops] + [
             (Move("add", n, d), "overflow") for n, d in adds]
 
+
+def _rounded(values: Mapping[str, float]) -> str:
+    return ", ".join(f"{key}={value:.3g}" for key, value in sorted(values.items()))

@@ -14,9 +14,11 @@ import pytest
 
 from evenflow.balancer.capacity import DeviceCost
 from evenflow.balancer.placement import auto, planner
+from evenflow.balancer.placement.assessment import Assessment
 from evenflow.balancer.placement.auto import AutoSettings, AutoStrategy
 from evenflow.balancer.placement.change import ChangeTest
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile, Placement
+from evenflow.balancer.placement.moves import Move
 from evenflow.balancer.placement.view import PlacerView
 
 WINDOW_S = 2.0
@@ -161,3 +163,52 @@ def test_a_shift_is_planned_for_once_it_has_held_for_the_window(plans: PlanLog) 
     *_, first, shifted = plans.at_s
     assert first < 30.0
     assert 30.0 + WINDOW_S < shifted <= 30.0 + 2 * WINDOW_S + TICK_S
+
+
+# -- a periodic plan moves only for a gain that shows twice --------------------------------------
+
+@dataclass
+class FakePlanner:
+    """Finds a gain (one move) at the times in ``gains_at_s``, none otherwise."""
+
+    gains_at_s: set[float]
+    now_s: float = 0.0
+
+    def propose(self, placement: Placement, *args: Any, **kwargs: Any) -> planner.Plan:
+        none = Assessment(1.0, {}, {})
+        if self.now_s not in self.gains_at_s:
+            return planner.Plan(placement, (), none, none)
+        return planner.Plan(placement | {("a", "d2")}, (Move("add", "a", "d2"),), none,
+                            Assessment(1.3, {}, {}))
+
+
+def periodic_moves(gains_at_s: set[float], monkeypatch: pytest.MonkeyPatch,
+                   seconds: float = 30.0) -> list[float]:
+    """When a strategy with only periodic plans (every 10 s) returned moves."""
+    fake = FakePlanner(gains_at_s)
+    monkeypatch.setattr(auto, "propose", fake.propose)
+    monkeypatch.setattr(auto, "with_overflow", lambda plan, *args: plan)
+    strategy = AutoStrategy(AutoSettings(tuner_pause_s=1e9, change=ChangeTest(share=1.0,
+                                                                             total_factor=1e9)))
+    demand = rates(FIRST, 180.0)
+    moved_at_s = []
+    for tick in range(int(seconds / TICK_S)):
+        fake.now_s = tick * TICK_S
+        if strategy.moves(PlacerView(fake.now_s, DEVICES, PROFILES, PLACED, PLACED, demand,
+                                     demand, {}, moves_left=30)):
+            moved_at_s.append(fake.now_s)
+    return moved_at_s
+
+
+def test_a_periodic_gain_seen_once_moves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The plan from idle comes at 2 s; the periodic checks at 12 and 24 s find a gain that the
+    # windows 2 s after them do not (without the confirmation, a move at 12 s).
+    assert periodic_moves({12.0, 24.0}, monkeypatch) == []
+
+
+def test_a_periodic_gain_seen_again_in_a_disjoint_window_moves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A device slowed at 9 s: every plan from then on finds the gain (the fake's placement
+    # never changes, so it is found again after the next interval too).
+    always = {tick * TICK_S for tick in range(18, 60)}
+    assert periodic_moves(always, monkeypatch) == [14.0, 26.0]
