@@ -5,6 +5,7 @@ given."""
 from __future__ import annotations
 
 import collections
+import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -212,3 +213,12 @@ def test_a_periodic_gain_seen_again_in_a_disjoint_window_moves(
     # never changes, so it is found again after the next interval too).
     always = {tick * TICK_S for tick in range(18, 60)}
     assert periodic_moves(always, monkeypatch) == [14.0, 26.0]
+
+
+def test_a_plan_that_moves_is_logged_with_why(monkeypatch: pytest.MonkeyPatch,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=auto.__name__):
+        periodic_moves({12.0, 14.0}, monkeypatch, seconds=15.0)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("placement plan (periodic): headroom 1.00 -> 1.30 for a=108, b=36, "
+                           "c=36 samples/s; costs at one sample a@d0=12, a@d1=12, a@d2=24,")
