@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from evenflow.balancer.placement.assessment import assess
 from evenflow.balancer.placement.change import ChangeTest
 from evenflow.balancer.placement.inventory import devices_of
 from evenflow.balancer.placement.moves import Move, floor_replicas
@@ -125,7 +126,10 @@ class AutoStrategy:
                                replace(self.settings.planner, max_moves=min(2, view.moves_left)))
                 adds = [m for m in plan.moves if m.kind == "add" and m.model == name]
                 if adds:
-                    return [(move, "tuner") for move in plan.moves[:plan.moves.index(adds[0]) + 1]]
+                    moves = plan.moves[:plan.moves.index(adds[0]) + 1]
+                    if _takes_busy_room(view, moves):
+                        continue
+                    return [(move, "tuner") for move in moves]
             elif signal == "drop":
                 placed = devices_of(view.serving, name)
                 floor = floor_replicas(profile, view.long_demand_per_s.get(name, 0.0))
@@ -146,6 +150,19 @@ class AutoStrategy:
                                        view.demand_per_s)
         return [(Move("drop", n, d), "overflow") for n, d in drops] + [
             (Move("add", n, d), "overflow") for n, d in adds]
+
+
+def _takes_busy_room(view: PlacerView, moves: Sequence[Move]) -> bool:
+    """Whether ``moves`` (a tuner's add, after the drops that make room for it) drop a replica
+    that serves demand. The tuner plans as if its model's demand were doubled, which may take
+    a replica from a model that is busy for real; a long queue behind one model is no reason
+    to shorten another's. Room made of free memory, or of replicas that serve no demand (an
+    idle model's, or one the best sharing of its device gives no time), costs nothing."""
+    drops = [(move.model, move.device) for move in moves if move.kind == "drop"]
+    if not drops:
+        return False
+    shares = assess(view.placement, view.profiles, view.demand_per_s).shares
+    return any(shares.get(pair, 0.0) > 1e-9 for pair in drops)
 
 
 def _rounded(values: Mapping[str, float]) -> str:
