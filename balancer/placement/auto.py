@@ -18,6 +18,7 @@ from evenflow.balancer.placement.overflow import (
     with_overflow,
 )
 from evenflow.balancer.placement.planner import Plan, PlannerSettings, propose
+from evenflow.balancer.placement.regime import RegimeDemand
 from evenflow.balancer.placement.tuner import Tuner, TunerSettings
 from evenflow.balancer.placement.view import PlacerView
 
@@ -31,11 +32,10 @@ class AutoSettings:
     for ``settle_s`` (the demand meter's short window: by then the window holds only the new
     mix). ``periodic_min_gain``: the gain a periodic plan's moves must bring
     (the demand has not changed much, so a move then is mostly estimation noise, and each costs
-    its model a replica's capacity for a load time). ``confirm_s``: a periodic plan moves only
-    if it finds such a gain again this long after it first did, in a demand window disjoint
-    from the first: a placement's headroom hangs on its tightest model, often one with little
-    demand, whose 2 s window wanders by a tenth or more; a gain made of that does not show
-    twice, one made by a change in costs does. ``tuner_pause_s``: after a plan's moves,
+    its model a replica's capacity for a load time; it plans for the mean demand since the last
+    big change, ``regime.RegimeDemand``). ``confirm_s``: a periodic plan moves only if it finds
+    such a gain again this long after it first did, with new measurements of the costs and the
+    demand, so one estimate's noise moves nothing. ``tuner_pause_s``: after a plan's moves,
     how long the tuner waits before its signal means anything again."""
 
     plan_interval_s: float = 10.0
@@ -53,7 +53,7 @@ class AutoStrategy:
         self.settings = settings
         self._tuner = Tuner(settings.tuner)
         self._planned_at_s = -math.inf
-        self._planned_for: Mapping[str, float] = {}
+        self._regime = RegimeDemand()  # the demand since the last big change
         self._changed_at_s: float | None = None  # when a big change was first seen
         self._moved_at_s = -math.inf  # when moves were last in flight
         self._gain_seen_at_s: float | None = None  # a periodic plan's gain, to be confirmed
@@ -64,15 +64,18 @@ class AutoStrategy:
             self._moved_at_s = now_s
         if view.moves_left <= 0:
             return ()
-        if self.settings.change.is_big(view.demand_per_s, self._planned_for,
+        if self.settings.change.is_big(view.demand_per_s, self._regime.mean_per_s(),
                                        view.samples_per_request):
             if self._changed_at_s is None:
                 self._changed_at_s = now_s
             if now_s - self._changed_at_s >= self.settings.settle_s:
-                return self._made(view, self._propose(view, self.settings.planner.min_gain),
-                              "change")
+                self._regime.restart(view.demand_per_s)
+                return self._made(view, self._propose(view, self.settings.planner.min_gain,
+                                                      view.demand_per_s), "change",
+                                  view.demand_per_s)
             return ()  # the window still holds some of the old mix
         self._changed_at_s = None
+        self._regime.add(view.demand_per_s)
         if view.moves_in_flight:
             return ()
         if now_s - self._planned_at_s >= self.settings.plan_interval_s:
@@ -84,29 +87,31 @@ class AutoStrategy:
     def _plan_periodic(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
         seen_at_s = self._gain_seen_at_s
         if seen_at_s is not None and view.now_s - seen_at_s < self.settings.confirm_s:
-            return ()  # until the demand window holds none of the one that showed the gain
-        plan = self._propose(view, self.settings.periodic_min_gain)
+            return ()  # until new windows and fits have come in
+        plan = self._propose(view, self.settings.periodic_min_gain, self._regime.mean_per_s())
         if plan.moves and seen_at_s is None:
             self._gain_seen_at_s = view.now_s
             return ()
-        return self._made(view, plan, "periodic")
+        return self._made(view, plan, "periodic", self._regime.mean_per_s())
 
-    def _propose(self, view: PlacerView, min_gain: float) -> Plan:
+    def _propose(self, view: PlacerView, min_gain: float,
+                 demand_per_s: Mapping[str, float]) -> Plan:
         settings = replace(self.settings.planner, min_gain=min_gain,
                            max_moves=min(self.settings.planner.max_moves, view.moves_left))
         return with_overflow(propose(view.placement, view.devices, view.profiles,
-                                     view.demand_per_s, settings),
-                             view.devices, view.profiles, view.demand_per_s)
+                                     demand_per_s, settings),
+                             view.devices, view.profiles, demand_per_s)
 
-    def _made(self, view: PlacerView, plan: Plan, cause: str) -> Sequence[tuple[Move, str]]:
-        """Record that a plan was made for the demand now, and return its moves."""
-        self._planned_at_s, self._planned_for = view.now_s, dict(view.demand_per_s)
+    def _made(self, view: PlacerView, plan: Plan, cause: str,
+              demand_per_s: Mapping[str, float]) -> Sequence[tuple[Move, str]]:
+        """Record that a plan was made, and return its moves."""
+        self._planned_at_s = view.now_s
         self._changed_at_s = self._gain_seen_at_s = None
         if plan.moves:
             # Why replicas move: what the plan expects to gain, for which demand and costs.
             logger.info("placement plan (%s): headroom %.2f -> %.2f for %s samples/s; costs "
                         "at one sample %s ms", cause, plan.before.headroom,
-                        plan.after.headroom, _rounded(view.demand_per_s),
+                        plan.after.headroom, _rounded(demand_per_s),
                         _rounded({f"{name}@{device}": 1e3 * cost.batch_s(1)
                                   for name, profile in sorted(view.profiles.items())
                                   for device, cost in sorted(profile.costs.items())}))
