@@ -1,5 +1,7 @@
-"""Whether the demand has changed enough to plan for at once: a model's share of the total, or
-the total, has moved by a set amount *and* by more than counting noise explains.
+"""Whether the demand has changed enough to plan for at once: a model's share of the total, a
+model's rate or the total has moved by a set amount *and* by more than counting noise explains.
+A model's own rate counts because a placement's headroom hangs on its tightest model: one of
+seven models arriving, or going idle, moves no share by much and every plan.
 
 The demand the planner sees is a count of samples over a short window. At a few hundred samples
 a second a 2 s window holds several hundred samples, and two such windows now and then differ
@@ -21,13 +23,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ChangeTest:
-    """``share``: how far (absolute) a model's share of the total must move; ``total_factor``:
-    by what factor the total must move; ``min_z``: how many standard deviations of counting
-    noise either must also be; ``window_s``: the length of the window the rates were counted
-    over (so a rate gives a count)."""
+    """``share``: how far (absolute) a model's share of the total must move; ``rate_factor``:
+    by what factor a model's rate, or the total, must move (from or to 0 is past any factor);
+    ``min_z``: how many standard deviations of counting noise either must also be;
+    ``window_s``: the length of the window the rates were counted over (so a rate gives a
+    count)."""
 
     share: float = 0.15
-    total_factor: float = 1.15
+    rate_factor: float = 1.15
     min_z: float = 4.0
     window_s: float = 2.0
 
@@ -48,11 +51,18 @@ class ChangeTest:
             return self.window_s * sum(rate / max(per_request.get(name, 1.0), 1.0)
                                        for name, rate in rates.items())
 
+        def moved(rate_now: float, rate_before: float, n_now: float, n_before: float) -> bool:
+            return (max(rate_now, rate_before) > self.rate_factor * min(rate_now, rate_before)
+                    and _counts_z(n_now, n_before) >= self.min_z)
+
         n_now, n_before = requests(now_per_s), requests(before_per_s)
-        if (max(total_now, total_before) > self.total_factor * min(total_now, total_before)
-                and _counts_z(n_now, n_before) >= self.min_z):
+        if moved(total_now, total_before, n_now, n_before):
             return True
-        for name in set(now_per_s) | set(before_per_s):
+        for name in sorted(set(now_per_s) | set(before_per_s)):
+            rate_now, rate_before = now_per_s.get(name, 0.0), before_per_s.get(name, 0.0)
+            if moved(rate_now, rate_before, requests({name: rate_now}),
+                     requests({name: rate_before})):
+                return True
             share_now = now_per_s.get(name, 0.0) / total_now
             share_before = before_per_s.get(name, 0.0) / total_before
             if (abs(share_now - share_before) > self.share

@@ -57,9 +57,21 @@ def test_noise_is_counted_in_requests_not_samples() -> None:
 
 
 def test_a_significant_change_below_the_threshold_is_not_big() -> None:
-    assert not ChangeTest().is_big(rates({"a": 0.5, "b": 0.3, "c": 0.2}, 5000.0),
+    # Every model's rate within 1.15x, every share within 0.15.
+    assert not ChangeTest().is_big(rates({"a": 0.57, "b": 0.22, "c": 0.21}, 5000.0),
                                    rates(FIRST, 5000.0))
     assert not ChangeTest().is_big(rates(FIRST, 5500.0), rates(FIRST, 5000.0))
+
+
+def test_one_model_of_seven_arriving_or_leaving_is_a_big_change() -> None:
+    # Its share is 1/7, under the share threshold; its rate moves from 0.
+    six = {f"m{i}": 60.0 for i in range(6)}
+    seven = {**six, "m6": 60.0}
+    assert ChangeTest().is_big(seven, six)
+    assert ChangeTest().is_big(six, seven)
+    # One model's rate doubling is a change too (past noise: 240 requests against 120).
+    assert ChangeTest().is_big({**six, "m0": 120.0}, six)
+    assert not ChangeTest().is_big({**six, "m0": 66.0}, six)
 
 
 def test_idle_to_busy_and_back_are_big_changes() -> None:
@@ -203,7 +215,7 @@ def periodic_moves(gains_at_s: set[float], monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(auto, "propose", fake.propose)
     monkeypatch.setattr(auto, "with_overflow", lambda plan, *args: plan)
     strategy = AutoStrategy(AutoSettings(tuner_pause_s=1e9, change=ChangeTest(share=1.0,
-                                                                             total_factor=1e9)))
+                                                                             rate_factor=1e9)))
     demand = rates(FIRST, 180.0)
     moved_at_s = []
     for tick in range(int(seconds / TICK_S)):

@@ -42,7 +42,7 @@ def tuner_moves(demand_per_s: Mapping[str, float],
                             assess(after, profiles, boosted))
 
     strategy = AutoStrategy(AutoSettings(plan_interval_s=1e9, change=ChangeTest(
-        share=1.0, total_factor=1e9)))
+        share=1.0, rate_factor=1e9)))
     moves: list[Move] = []
     for tick in range(40):
         now_s = tick * TICK_S
