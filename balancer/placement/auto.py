@@ -88,11 +88,12 @@ class AutoStrategy:
         seen_at_s = self._gain_seen_at_s
         if seen_at_s is not None and view.now_s - seen_at_s < self.settings.confirm_s:
             return ()  # until new windows and fits have come in
-        plan = self._propose(view, self.settings.periodic_min_gain, self._regime.mean_per_s())
+        demand_per_s = self._regime.mean_per_s()
+        plan = self._propose(view, self.settings.periodic_min_gain, demand_per_s)
         if plan.moves and seen_at_s is None:
             self._gain_seen_at_s = view.now_s
             return ()
-        return self._made(view, plan, "periodic", self._regime.mean_per_s())
+        return self._made(view, plan, "periodic", demand_per_s)
 
     def _propose(self, view: PlacerView, min_gain: float,
                  demand_per_s: Mapping[str, float]) -> Plan:

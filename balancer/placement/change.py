@@ -63,8 +63,7 @@ class ChangeTest:
             if moved(rate_now, rate_before, requests({name: rate_now}),
                      requests({name: rate_before})):
                 return True
-            share_now = now_per_s.get(name, 0.0) / total_now
-            share_before = before_per_s.get(name, 0.0) / total_before
+            share_now, share_before = rate_now / total_now, rate_before / total_before
             if (abs(share_now - share_before) > self.share
                     and _shares_z(share_now, n_now, share_before, n_before) >= self.min_z):
                 return True
