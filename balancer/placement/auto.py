@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from evenflow.balancer.placement.assessment import assess
+from evenflow.balancer.placement.assessment import replica_rates_per_s
 from evenflow.balancer.placement.change import ChangeTest
 from evenflow.balancer.placement.inventory import devices_of
 from evenflow.balancer.placement.moves import Move, floor_replicas
@@ -163,12 +163,18 @@ def _takes_busy_room(view: PlacerView, moves: Sequence[Move]) -> bool:
     that serves demand. The tuner plans as if its model's demand were doubled, which may take
     a replica from a model that is busy for real; a long queue behind one model is no reason
     to shorten another's. Room made of free memory, or of replicas that serve no demand (an
-    idle model's, or one the best sharing of its device gives no time), costs nothing."""
+    idle model's, or one too slow to answer within its model's SLO), costs nothing.
+
+    A replica's share in the best sharing (``assess``) does not tell: where another model
+    bounds the headroom, the program is indifferent to how a model with capacity to spare
+    spreads over its replicas and may give one of them no time, while routing still sends it
+    that model's work."""
     drops = [(move.model, move.device) for move in moves if move.kind == "drop"]
     if not drops:
         return False
-    shares = assess(view.placement, view.profiles, view.demand_per_s).shares
-    return any(shares.get(pair, 0.0) > 1e-9 for pair in drops)
+    rates = replica_rates_per_s(view.placement, view.profiles, view.demand_per_s)
+    return any(view.demand_per_s.get(name, 0.0) > 0.0 and rates.get((name, device), 0.0) > 0.0
+               for name, device in drops)
 
 
 def _rounded(values: Mapping[str, float]) -> str:
