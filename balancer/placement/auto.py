@@ -137,7 +137,8 @@ class AutoStrategy:
                         continue
                     return [(move, "tuner") for move in moves]
             elif signal == "drop":
-                placed = devices_of(view.serving, name)
+                # A pinned replica stays whatever the load: the operator asked for it there.
+                placed = [d for d in devices_of(view.serving, name) if d not in profile.pinned]
                 floor = floor_replicas(profile, view.long_demand_per_s.get(name, 0.0))
                 if len(devices_of(view.placement, name)) > max(floor, 1) and placed:
                     slowest = max(placed, key=lambda d: profile.costs[d].batch_s(1))

@@ -96,7 +96,8 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
     replica serves demand, one replica of the neediest model (the module's docstring) that
     fits there, may have another replica and answers one request there within its SLO. A
     device's overflow replica is swapped only for a clearly needier model, and never when it
-    is its model's only replica. A device that holds two or more busy models is left alone."""
+    is its model's only replica or pinned there. A device that holds two or more busy models
+    is left alone."""
     rates = replica_rates_per_s(placement, profiles, demand_per_s)
     demanded = {name for name, rate in demand_per_s.items() if rate > 0.0}
     serving_pairs = {pair for pair, rate in rates.items() if rate > 0.0 and pair[0] in demanded}
@@ -126,9 +127,9 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
                 continue
             if profile.max_replicas is not None and counts[name] >= profile.max_replicas:
                 continue
-            if any(counts[n] <= 1 or not _clearly_needier(demands[name], demands[n])
-                   for n in here):
-                break  # what is there is needed as much, or nowhere else
+            if any(counts[n] <= 1 or device.name in profiles[n].pinned
+                   or not _clearly_needier(demands[name], demands[n]) for n in here):
+                break  # what is there is needed as much, nowhere else, or pinned here
             drops += [(n, device.name) for n in here]
             adds.append((name, device.name))
             for n in here:

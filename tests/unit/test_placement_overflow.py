@@ -5,6 +5,8 @@ views: no loop, no clock but the numbers given."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from evenflow.balancer.capacity import DeviceCost
@@ -149,3 +151,22 @@ def test_a_model_on_fewer_devices_at_the_same_load_does_not_take_the_overflow_re
     # With 1.5x a's demand, c is clearly the needier: the replica follows it.
     hot_c = {**demand, "c": 1.5 * demand["a"]}
     assert overflow_changes(held, DEVICES, PROFILES, hot_c) == ([("a", "d3")], [("c", "d3")])
+
+
+def test_a_pinned_replica_is_neither_swapped_for_overflow_nor_dropped_by_the_tuner() -> None:
+    pinned_a = {**PROFILES, "a": dataclasses.replace(PROFILES["a"],
+                                                     pinned=frozenset({"d2", "d3"}))}
+    held = PLACED | {("a", "d3")}
+    assert overflow_changes(held, DEVICES, pinned_a, B_HOT) == ([], [])  # b is needier
+    settings = AutoSettings(plan_interval_s=1e9, tuner_pause_s=0.0,
+                            tuner=TunerSettings(drop_hold_ticks=2, hold_ticks=1))
+    strategy = AutoStrategy(settings)
+
+    def view(now_s: float) -> PlacerView:
+        return PlacerView(now_s, DEVICES, pinned_a, held, held, B_HOT, B_HOT,
+                          {name: 0.0 for name in pinned_a}, moves_left=10)
+
+    drops = [m for tick in range(10) for m, _ in strategy.moves(view(float(tick)))
+             if m.kind == "drop"]
+    assert drops  # the tuner offers replicas back (every model idle in work), not a's pins
+    assert all(m.model != "a" or m.device not in {"d2", "d3"} for m in drops)
