@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -270,17 +271,30 @@ def _cross_checks(settings: Settings) -> list[Problem]:
             "mutual TLS needs the server's own tls_cert and tls_key")
     devices = settings.devices.names
     known = {d.name for d in parse_devices(",".join(devices))} if devices else None
+
+    def unknown(device: str, reason: str) -> str | None:
+        """``reason`` if ``device`` is not in ``devices.list``; without one, why it cannot name
+        a device, if it cannot."""
+        if known is None:
+            return _not_a_device_name(device)
+        return None if device in known else f"{reason} ({', '.join(sorted(known))})"
+
     for device in settings.devices.memory or {}:
-        if known is not None and device not in known:
-            problems[f"devices.memory.{device}"] = Problem(
-                f"devices.memory.{device}", _MISSING, f"no such device in devices.list "
-                f"({', '.join(sorted(known))})")
+        reason = unknown(device, "no such device in devices.list")
+        if reason:
+            problems[f"devices.memory.{device}"] = Problem(f"devices.memory.{device}", _MISSING,
+                                                           reason)
     for name, section in settings.models.items():
-        for device in section.pinned or ():
-            if known is not None and device not in known:
-                problems[f"models.{name}.pinned"] = Problem(
-                    f"models.{name}.pinned", section.pinned, f"no device {device!r} in "
-                    f"devices.list ({', '.join(sorted(known))})")
+        pins = section.pinned or []
+        reason = next(filter(None, (unknown(d, f"no device {d!r} in devices.list")
+                                    for d in pins)), None)
+        if reason:
+            problems[f"models.{name}.pinned"] = Problem(f"models.{name}.pinned", pins, reason)
+        if section.max_replicas is not None and len(set(pins)) > section.max_replicas:
+            problems[f"models.{name}.max_replicas"] = Problem(
+                f"models.{name}.max_replicas", section.max_replicas,
+                f"below the {len(set(pins))} devices in pinned: each pinned device always "
+                "has a replica")
         if section.min_replicas is not None and section.max_replicas is not None and \
                 section.min_replicas > section.max_replicas:
             problems[f"models.{name}.min_replicas"] = Problem(
@@ -326,6 +340,21 @@ def _cross_checks(settings: Settings) -> list[Problem]:
             if reason:
                 report(f"{name}.source", model.source, reason)
     return list(problems.values())
+
+
+# What the server names its devices (``workers.devices``): kind and index, no colon.
+_DEVICE_NAME = re.compile(r"(cpu|cuda|sim)\d+")
+
+
+def _not_a_device_name(device: str) -> str | None:
+    """Why ``device`` cannot name a device of any server, if it cannot: where the file has no
+    ``devices.list``, the devices are found at start, and only the name's form is checked
+    here (the server checks the names against its devices then)."""
+    if _DEVICE_NAME.fullmatch(device):
+        return None
+    hint = device.replace(":", "")
+    return (f"{device!r} is not a device name: devices are named cpuN, cudaN or simN"
+            + (f" ({hint!r} here)" if _DEVICE_NAME.fullmatch(hint) else ""))
 
 
 def _latency_target(name: str, model: BalancingSection,

@@ -112,6 +112,7 @@ class ModelManager:
             collections.defaultdict(list)
         self._placer = placement.make_placer(self._devices, config, self) \
             if config.placement == "auto" else None
+        self._unmeasured = placement.UnmeasuredFootprints()
 
     def placement_snapshot(self) -> PlacementSnapshot | None:
         """Where every model's replicas are and what moved (None under ``--placement all``)."""
@@ -121,6 +122,9 @@ class ModelManager:
         return sorted(self._entries.items())
 
     async def start(self) -> None:
+        if self._placer is not None:  # before any load: a bad pin fails the start whole
+            for entry in self._entries.values():
+                self._check_pins(entry.config)
         for name, entry in list(self._entries.items()):
             if entry.config.load_at_start:
                 await self.load(name)
@@ -164,11 +168,26 @@ class ModelManager:
                 raise ModelControlError(f"model {name!r} is not loaded",
                                         ErrorCode.INVALID_ARGUMENT)
             entry.state, entry.reason = ModelState.UNLOADING, ""
-            await close_model(model, self._config.shutdown_grace_s)
-            if self._placer is not None:
-                self._placer.forget_model(name)
+            if self._placer is None:
+                await close_model(model, self._config.shutdown_grace_s)
+            else:
+                await self._close_placed(model, self._placer)
             entry.state, entry.reason = ModelState.UNAVAILABLE, "unloaded"
             logger.info("model %s unloaded", name)
+
+    async def _close_placed(self, model: ServedModel, placer: Placer) -> None:
+        """Close an unloaded model under ``--placement auto``. The placer lets go of it first,
+        so that none of its moves lands in a balancer that is closing (a replica that finishes
+        loading meanwhile is closed, not added, and no new move starts); the memory its
+        replicas hold stays reserved until they have drained and closed."""
+        draining = placer.forget_model(model.name)
+        for device, memory_bytes in draining:
+            placer.hold(device, memory_bytes)
+        try:
+            await close_model(model, self._config.shutdown_grace_s)
+        finally:
+            for device, memory_bytes in draining:
+                placer.release(device, memory_bytes)
 
     async def close(self, grace_s: float, abort: asyncio.Event | None = None) -> None:
         """Drain and close every model (server shutdown); see ``close_model``. The models stay
@@ -202,6 +221,17 @@ class ModelManager:
     @property
     def devices(self) -> list[DeviceSpec]:
         return list(self._devices)
+
+    def _check_pins(self, model: ModelConfig) -> None:
+        """Pins name devices as the server does (``cuda0``, ``sim1``); the file can check them
+        only where it lists the devices."""
+        names = {d.name for d in self._devices}
+        unknown = [device for device in model.pinned if device not in names]
+        if unknown:
+            raise ModelControlError(
+                f"model {model.name!r} is pinned to {', '.join(map(repr, unknown))}, which "
+                f"{'is' if len(unknown) == 1 else 'are'} not among the server's devices "
+                f"({', '.join(sorted(names))})", ErrorCode.INVALID_ARGUMENT)
 
     def _spec(self, model: ModelConfig, group: tuple[DeviceSpec, ...]) -> WorkerSpec:
         config = self._config
@@ -240,9 +270,13 @@ class ModelManager:
         worker = await self._build_replica(entry.config, definition, spec)
         if self._placer is not None:
             self._placer.set_load_s(model, time.monotonic() - started_s)
-            measured = placement.replica_memory_bytes(
-                entry.config.memory_bytes, placement.parameter_bytes(definition), [worker.status()])
+            parameters = placement.replica_parameter_bytes(definition, [spec],
+                                                           self._config.dtype)
+            status = worker.status()
+            measured = placement.replica_memory_bytes(entry.config.memory_bytes, parameters,
+                                                      [status])
             self._placer.raise_memory_bytes(model, measured)
+            self._unmeasured.note(entry.config, parameters, [(spec, status)])
         return worker
 
     async def add_device(self, device: DeviceSpec) -> None:
@@ -324,14 +358,21 @@ class ModelManager:
             raise ModelControlError(f"model {model.name!r}: --placement auto places "
                                     "single-device replicas; pipelines need --placement all",
                                     ErrorCode.INVALID_ARGUMENT)
+        self._check_pins(model)
         spec = self._spec(model, (self._devices[0],))
         definition = await asyncio.to_thread(load_spec_definition, spec)
-        parameters = placement.parameter_bytes(definition)
-        memory = model.memory_bytes or parameters  # until its replicas have measured theirs
+        # Until its replicas have measured theirs; the parameters counted in the widest dtype
+        # any device serves, as the devices are not chosen yet (the same figure unless CPUs
+        # serve beside GPUs).
+        memory = model.memory_bytes or placement.replica_parameter_bytes(
+            definition, self._devices, self._config.dtype)
         prior = placement.prior_cost(model, definition)
         template = placement.profile(model, memory, self._devices, prior, model.sim_load_s)
         free = placer.free_bytes()
-        chosen = placement.first_devices(template, free)
+        try:
+            chosen = placement.first_devices(template, free)
+        except placement.PlacementRefused as exc:
+            raise ModelControlError(str(exc), exc.code) from None
         wanted = max(model.min_replicas, len(model.pinned))
         if len(chosen) < wanted:
             raise ModelControlError(
@@ -339,27 +380,43 @@ class ModelManager:
                 f"only {len(chosen)} fit now (free: " + ", ".join(
                     f"{d} {b / 2**30:.2f} GiB" for d, b in sorted(free.items())) + "); "
                 "min_replicas = 0 loads it on demand instead", ErrorCode.RESOURCE_EXHAUSTED)
+        devices = {d.name: d for d in self._devices}
+        parameters = placement.replica_parameter_bytes(
+            definition, [devices[d] for d in chosen], self._config.dtype)
+        # Held for each chosen device until ``add_model`` counts the replicas: the parameters
+        # at first, then what the warmed-up replicas measured. A warmed-up replica keeps its
+        # activation peak (the caching allocator holds on to it), and the placer may load
+        # other models meanwhile, while this model's later replicas build.
+        held = memory
         for device in chosen:
-            placer.hold(device, memory)
+            placer.hold(device, held)
         workers: dict[str, Worker] = {}
         started_s = time.monotonic()
         try:
             for device in chosen:
-                spec_device = next(d for d in self._devices if d.name == device)
-                workers[device] = await self._build_replica(model, definition, spec_device)
+                workers[device] = await self._build_replica(model, definition, devices[device])
+                needed = placement.replica_memory_bytes(model.memory_bytes, parameters,
+                                                        [w.status() for w in workers.values()])
+                if needed > held:
+                    for each in chosen:
+                        placer.hold(each, needed - held)
+                    held = needed
         except BaseException:
             await asyncio.gather(*(w.close() for w in workers.values()), return_exceptions=True)
             raise
         finally:
             for device in chosen:
-                placer.release(device, memory)
+                placer.release(device, held)
         load_s = (time.monotonic() - started_s) / len(chosen) if chosen else model.sim_load_s
+        statuses = {device: worker.status() for device, worker in workers.items()}
         measured = placement.replica_memory_bytes(model.memory_bytes, parameters,
-                                                  [w.status() for w in workers.values()])
+                                                  statuses.values())
         if measured != memory:
             logger.info("model %s: %.2f GiB per replica (parameters and buffers %.2f GiB, the "
                         "rest its activation peak at batch %d)", model.name, measured / 2**30,
                         parameters / 2**30, model.balancer.max_batch)
+        self._unmeasured.note(model, parameters,
+                              [(devices[device], status) for device, status in statuses.items()])
         balancer = ModelBalancer(
             model_name=model.name, workers=list(workers.values()), config=model.balancer,
             on_health=self._on_health, ledger=self._ledger,

@@ -3,11 +3,15 @@ model (memory, speed, the batch cost before any is measured), and the placer its
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from evenflow.balancer import WorkerStatus
+import torch
+
+from evenflow.balancer import EvenflowError, WorkerStatus
 from evenflow.balancer.capacity import DeviceCost, rate_within_per_s
+from evenflow.balancer.errors import ErrorCode
 from evenflow.balancer.placement.auto import AutoStrategy
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile
 from evenflow.balancer.placement.placer import Placer, ReplicaLoader
@@ -15,28 +19,78 @@ from evenflow.balancer.timebase import LoopTime
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.thread_host import TORCH_DTYPES
+
+logger = logging.getLogger(__name__)
 
 # A sim device declares no memory unless told to: placement is then bounded by replica counts.
 UNLIMITED_BYTES = 1 << 62
-# What a GPU's replicas may use of its memory: the CUDA context, the allocator's cache and
-# other processes need the rest.
+# What a GPU's replicas may use of its total memory. The rest is for what no replica's
+# footprint counts: each process's CUDA context (a few hundred MiB per process and GPU, and
+# worker processes each have their own), the caching allocator's fragmentation and the
+# blocks it keeps cached between batches, and the library workspaces (cuBLAS, cuDNN) allocated
+# outside the allocator's statistics.
 GPU_USABLE = 0.9
+# Where a replica measures its activation peak (``workers.activation_peak``: CUDA's allocator
+# statistics); elsewhere its footprint is its parameters and buffers unless declared.
+MEASURED_KINDS = frozenset({"cuda"})
+
+# A GPU's (free, total) bytes, by CUDA ordinal.
+CudaMemoryQuery = Callable[[int], tuple[int, int]]
 
 
-def device_memory_bytes(device: DeviceSpec, declared: Mapping[str, int]) -> int:
+class PlacementRefused(EvenflowError):
+    """A model's first replicas cannot be placed as configured (a pin to a device the server
+    does not have, or one without room for a replica)."""
+
+    def __init__(self, message: str, code: ErrorCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def cuda_free_and_total(index: int) -> tuple[int, int]:
+    """The GPU's free memory now, as the driver counts it (every process's allocations, this
+    one's included), and its total. Asking creates this process's CUDA context on the GPU."""
+    free, total = torch.cuda.mem_get_info(index)
+    return int(free), int(total)
+
+
+def cuda_total(index: int) -> tuple[int, int]:
+    """The GPU's total memory, as free and total: asked without creating a CUDA context, so
+    other processes' use of the GPU is not seen."""
+    total = int(torch.cuda.get_device_properties(index).total_memory)
+    return total, total
+
+
+def cuda_memory_query(config: ServerConfig) -> CudaMemoryQuery:
+    """With thread workers this process runs the replicas, so it needs a CUDA context on each
+    GPU anyway, and asking for the free memory at start costs nothing: the memory other
+    processes hold then is left out. Worker processes (or Ray actors) hold their own contexts,
+    and a context made here only to ask would take a few hundred MiB of each GPU for good, so
+    there only the total is known."""
+    return cuda_free_and_total if config.workers == "thread" else cuda_total
+
+
+def device_memory_bytes(device: DeviceSpec, declared: Mapping[str, int],
+                        cuda_memory: CudaMemoryQuery = cuda_total) -> int:
+    """The memory replicas may use on ``device``: the declared figure; for a GPU, the smaller
+    of its free memory (where ``cuda_memory`` knows it) and ``GPU_USABLE`` of its total (the
+    rest is for what no footprint counts, see there); the machine's RAM for a CPU; no limit
+    for a sim device."""
     if device.name in declared:
         return declared[device.name]
     if device.kind == "cuda":
-        import torch
-
-        return int(torch.cuda.get_device_properties(device.index).total_memory * GPU_USABLE)
+        free, total = cuda_memory(device.index)
+        return min(free, int(total * GPU_USABLE))
     if device.kind == "cpu":
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return UNLIMITED_BYTES
 
 
-def device_infos(devices: Sequence[DeviceSpec], config: ServerConfig) -> list[DeviceInfo]:
-    return [DeviceInfo(d.name, device_memory_bytes(d, config.device_memory_bytes))
+def device_infos(devices: Sequence[DeviceSpec], config: ServerConfig,
+                 cuda_memory: CudaMemoryQuery | None = None) -> list[DeviceInfo]:
+    query = cuda_memory or cuda_memory_query(config)
+    return [DeviceInfo(d.name, device_memory_bytes(d, config.device_memory_bytes, query))
             for d in devices]
 
 
@@ -50,21 +104,71 @@ def prior_cost(model: ModelConfig, definition: ModelDefinition) -> DeviceCost:
     return DeviceCost(model.balancer.prior_base_s, model.balancer.prior_per_sample_s)
 
 
-def parameter_bytes(definition: ModelDefinition) -> int:
-    """Parameters and buffers: a replica's footprint where none is declared or measured."""
+def served_dtype(device: DeviceSpec, dtype: str) -> torch.dtype:
+    """The dtype a replica on ``device`` holds its floating parameters in: ``--dtype`` on a
+    GPU, float32 elsewhere (as ``workers.thread_host`` builds them)."""
+    return TORCH_DTYPES[dtype] if device.kind == "cuda" else torch.float32
+
+
+def parameter_bytes(definition: ModelDefinition, dtype: torch.dtype) -> int:
+    """Parameters and buffers as a replica holds them: floating ones in the served ``dtype``
+    (``replica_module.module_for`` casts each replica to it, whatever the checkpoint's), the
+    others (integer, bool) as they are; a tensor registered twice counts once."""
     module = definition.module
-    tensors = [*module.parameters(), *module.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    unique = {id(t): t for t in [*module.parameters(), *module.buffers()]}.values()
+    served_size = torch.empty((), dtype=dtype).element_size()
+    return sum(t.numel() * (served_size if t.is_floating_point() else t.element_size())
+               for t in unique)
+
+
+def replica_parameter_bytes(definition: ModelDefinition, devices: Iterable[DeviceSpec],
+                            dtype: str) -> int:
+    """A replica's footprint where none is declared or measured: its parameters and buffers
+    in the dtype it is served in on ``devices``, the largest where that differs (a CPU serves
+    float32 beside GPUs in ``--dtype``): the footprint is one figure on every device."""
+    dtypes = {served_dtype(device, dtype) for device in devices} or {TORCH_DTYPES[dtype]}
+    return max(parameter_bytes(definition, each) for each in dtypes)
+
+
+def peak_measured(statuses: Iterable[WorkerStatus]) -> bool:
+    return any(status.activation_peak_bytes is not None for status in statuses)
 
 
 def replica_memory_bytes(declared_bytes: int | None, parameters_bytes: int,
                          statuses: Iterable[WorkerStatus]) -> int:
     """What one replica needs: the declared figure, else its parameters and buffers plus the
-    largest activation peak its warmed-up workers measured (CUDA; none elsewhere)."""
+    largest activation peak its warmed-up workers measured (CUDA; none elsewhere, nor where no
+    warm-up batch ran: then the parameters alone, see ``UnmeasuredFootprints``)."""
     if declared_bytes:
         return declared_bytes
     peaks = [p for status in statuses if (p := status.activation_peak_bytes) is not None]
     return parameters_bytes + max(peaks, default=0)
+
+
+class UnmeasuredFootprints:
+    """Warns, once per model, that a model on a GPU is placed by its parameters and buffers
+    alone: none of its replicas measured an activation peak, because no warm-up batch ran
+    (``--no-warmup``, or inputs that cannot be sampled), so the placer may put more on the GPU
+    than its batches will fit beside."""
+
+    def __init__(self) -> None:
+        self._warned: set[str] = set()
+
+    def note(self, model: ModelConfig, parameters_bytes: int,
+             replicas: Iterable[tuple[DeviceSpec, WorkerStatus]]) -> None:
+        """``replicas``: the model's warmed-up replicas' devices and statuses."""
+        seen = list(replicas)
+        if model.memory_bytes or model.name in self._warned \
+                or peak_measured(status for _, status in seen) \
+                or not any(device.kind in MEASURED_KINDS for device, _ in seen):
+            return
+        self._warned.add(model.name)
+        logger.warning(
+            "model %s: its replicas are placed by their parameters and buffers alone "
+            "(%.2f GiB): no warm-up batch ran (--no-warmup, BYTES inputs, or variable dimensions "
+            "without padding buckets), so their activation peak is unknown; memory_gib in its "
+            "[models.%s] section sets the footprint", model.name, parameters_bytes / 2**30,
+            model.name)
 
 
 def profile(model: ModelConfig, memory_bytes: int, devices: Sequence[DeviceSpec],
@@ -83,11 +187,23 @@ def first_devices(template: ModelProfile, free_bytes: Mapping[str, int]) -> list
     """Where a model's first replicas go: its pinned devices, then the devices it serves
     fastest on among those with room, up to its floor and at least one (a model loaded is
     ready to serve; one with ``min_replicas = 0`` may still start with none when memory is
-    full). The planner moves them from there."""
+    full). The planner moves them from there. Raises ``PlacementRefused`` for a pin to a
+    device not in ``free_bytes`` or without room for a replica: a pinned replica is never
+    given up, so one that does not fit would overcommit the device for good."""
     chosen = sorted(template.pinned)
+    need = template.memory_bytes
+    for device in chosen:
+        if device not in free_bytes:
+            raise PlacementRefused(
+                f"model {template.name!r} is pinned to {device!r}, which is not one of the "
+                f"server's devices ({', '.join(sorted(free_bytes))})", ErrorCode.INVALID_ARGUMENT)
+        if free_bytes[device] < need:
+            raise PlacementRefused(
+                f"model {template.name!r} is pinned to {device}, which has {free_bytes[device]} "
+                f"bytes ({free_bytes[device] / 2**30:.2f} GiB) free; a replica needs {need} bytes "
+                f"({need / 2**30:.2f} GiB)", ErrorCode.RESOURCE_EXHAUSTED)
     wanted = max(template.min_replicas, len(chosen), 1)
-    ranked = sorted((d for d in free_bytes if d not in chosen
-                     and free_bytes[d] >= template.memory_bytes),
+    ranked = sorted((d for d in free_bytes if d not in chosen and free_bytes[d] >= need),
                     key=lambda d: -rate_within_per_s(template.costs[d], template.slo_s,
                                                      template.max_batch))
     return chosen + ranked[:max(0, wanted - len(chosen))]

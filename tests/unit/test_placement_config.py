@@ -98,3 +98,49 @@ def test_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["serve", "--device-memory", "sim0"])
     assert "DEVICE=SIZE" in capsys.readouterr().err
+
+
+def test_more_pins_than_max_replicas_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evenflow.toml"
+    path.write_text("""
+[devices]
+list = ["sim:1", "sim:1", "sim:1"]
+[models.a]
+source = "sim"
+max_replicas = 2
+pinned = ["sim0", "sim1", "sim2"]
+[models.b]
+source = "sim"
+max_replicas = 2
+pinned = ["sim0", "sim1", "sim1"]
+""")
+    with pytest.raises(ConfigError) as caught:
+        load(path, {})
+    (problem,) = caught.value.problems
+    assert problem.key == "models.a.max_replicas"
+    assert "below the 3 devices in pinned" in problem.reason
+
+
+def test_pins_are_checked_for_their_form_where_the_file_lists_no_devices(
+        tmp_path: Path) -> None:
+    """The devices are found at start then (the server checks the pins against them); a pin
+    that names no device in any server is refused here already."""
+    path = tmp_path / "evenflow.toml"
+    path.write_text("""
+[devices]
+memory = { "cuda:1" = "8GiB", cuda0 = "8GiB" }
+[models.a]
+source = "sim"
+pinned = ["cuda0", "cuda:0"]
+[models.b]
+source = "sim"
+pinned = ["sim3", "cpu0", "cuda12"]
+""")
+    with pytest.raises(ConfigError) as caught:
+        load(path, {})
+    problems = {p.key: p.reason for p in caught.value.problems}
+    assert problems == {
+        "devices.memory.cuda:1": "'cuda:1' is not a device name: devices are named cpuN, cudaN "
+                                 "or simN ('cuda1' here)",
+        "models.a.pinned": "'cuda:0' is not a device name: devices are named cpuN, cudaN or "
+                           "simN ('cuda0' here)"}

@@ -4,20 +4,29 @@ seam, so the balancer's latency fit and statistics never see them."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 import pytest
 import torch
 
-from evenflow.balancer import BalancerConfig, BatchResult, Job, Worker, WorkerStatus
+from evenflow.balancer import BalancerConfig, BatchResult, BatchTiming, Job, Worker, WorkerStatus
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.engine import model_control
 from evenflow.server.engine.model_control import ModelManager, ModelState
 from evenflow.server.engine.served import ModelTable
-from evenflow.server.engine.warmup import WarmupFailed, sample_inputs, warm_up, warmup_batch_sizes
+from evenflow.server.engine.warmup import (
+    WarmupFailed,
+    sample_inputs,
+    warm_up,
+    warmup_batch_sizes,
+    warmup_batches,
+)
 from evenflow.server.models.spec import ModelDefinition, Padding, TensorSpec
+from evenflow.server.workers.activation_peak import ActivationPeak
 from evenflow.server.workers.devices import DeviceSpec, parse_devices
+from tests.unit.test_activation_peak import FakeAllocator
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -111,7 +120,7 @@ def test_batch_sizes_run_from_one_to_the_max_batch() -> None:
     assert warmup_batch_sizes(8, 3) == [1, 3, 8]
     assert warmup_batch_sizes(64, 2) == [1, 64]
     assert warmup_batch_sizes(1, 3) == [1, 1, 1]  # a profiling executor wants repeats anyway
-    assert warmup_batch_sizes(64, 1) == [1]
+    assert warmup_batch_sizes(64, 1) == [64]  # one batch: the size whose memory is counted
     assert warmup_batch_sizes(64, 0) == []
 
 
@@ -127,12 +136,75 @@ def test_sample_inputs_follow_the_input_spec_in_wire_storage() -> None:
     assert np.isfinite(as_floats).all() and as_floats.any()
 
 
-def test_variable_dims_take_the_smallest_padding_bucket_or_are_skipped() -> None:
-    specs = [TensorSpec("ids", "INT64", (-1, -1))]
-    padded = sample_inputs(specs, 2, Padding(buckets=(16, 32)))
-    assert padded is not None and padded[0].shape == (2, 16)
+def test_variable_dims_take_the_given_length_or_are_skipped() -> None:
+    specs = [TensorSpec("ids", "INT64", (-1, -1)), TensorSpec("x", "FP32", (-1, -1, 3))]
+    padded = sample_inputs(specs, 2, 16)
+    assert padded is not None and [a.shape for a in padded] == [(2, 16), (2, 16, 3)]
     assert sample_inputs(specs, 2, None) is None
     assert sample_inputs([TensorSpec("text", "BYTES", (-1, 1))], 2, None) is None
+
+
+def test_the_first_batch_of_the_max_size_takes_the_largest_bucket() -> None:
+    """The worst case a replica will run, so the activation peak the placement counts is
+    measured there; the others take the smallest bucket."""
+    padding = Padding(buckets=(4, 8, 16, 32))
+
+    def plan(max_batch: int, count: int) -> list[tuple[int, int | None]]:
+        return [(b.size, b.length) for b in warmup_batches(max_batch, count, padding)]
+
+    assert plan(8, 3) == [(1, 4), (3, 4), (8, 32)]
+    assert plan(8, 1) == [(8, 32)]
+    assert plan(1, 3) == [(1, 32), (1, 4), (1, 4)]  # only the first is measured
+    assert plan(8, 0) == []
+    assert [(b.size, b.length) for b in warmup_batches(8, 2, None)] == [(1, None), (8, None)]
+
+
+class Attention:
+    """A replica on a fake allocator whose batches hold ``size * length**2`` bytes (attention
+    scores), measured as a GPU replica measures them (``ActivationPeak``)."""
+
+    name = "attention@cuda0"
+    devices = ("cuda0",)
+    max_in_flight = 1
+
+    def __init__(self) -> None:
+        self.allocator = FakeAllocator()
+        self.meter = ActivationPeak(self.allocator, threading.Lock())
+
+    async def run(self, jobs: Sequence[Job]) -> BatchResult:
+        (x,) = jobs[0].payload
+        size, length = x.shape
+        with self.meter.measure(jobs[0].num_samples):
+            self.allocator.allocate(size * length * length)
+            self.allocator.free(size * length * length)
+        return BatchResult([("y", x)], BatchTiming(0.0, 0.001, 0.0))
+
+    def status(self) -> WorkerStatus:
+        return WorkerStatus(activation_peak_bytes=self.meter.peak_bytes)
+
+    async def set_device_speed(self, device: str, speed: float) -> float:
+        raise KeyError(device)
+
+    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
+        raise KeyError(device)
+
+    async def restart(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("batches", [1, 3])
+async def test_the_warmup_measures_the_peak_of_the_largest_batch_at_the_longest_length(
+        batches: int) -> None:
+    definition = ModelDefinition(module=torch.nn.Identity(),
+                                 inputs=[TensorSpec("x", "FP32", (-1, -1))],
+                                 outputs=[TensorSpec("y", "FP32", (-1, -1))],
+                                 padding=Padding(buckets=(4, 8, 16, 32)))
+    worker = Attention()
+    await warm_up([worker], definition, model_name="a", max_batch=8, batches=batches)
+    assert worker.status().activation_peak_bytes == 8 * 32 * 32
 
 
 async def test_models_warm_up_before_ready_and_the_balancer_counts_none_of_it(
