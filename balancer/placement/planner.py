@@ -3,10 +3,11 @@ serve the measured demand with the most headroom (``assessment``).
 
 Where the placements that fit are few enough to try (``max_enumerated``), ``propose`` tries them
 all (an exact search, ``enumeration``) and moves to the one within ``near_best`` of the best
-that takes the fewest moves from the current placement, if it beats the current headroom by
-``min_gain``. Otherwise it searches greedily from the current placement: each step tries every
-single move (add a replica, drop one, or swap one model for another on a device) and keeps the
-best while it gains ``min_gain``. Either way a placement that serves its demand well is left
+that is soonest in service (the least load and warm-up time of the replicas it adds, then the
+fewest moves) from the current placement, if it beats the current headroom by ``min_gain``.
+Otherwise it searches greedily from the current placement: each step tries every single move
+(add a replica, drop one, or swap one model for another on a device) and keeps the best while
+it gains ``min_gain``. Either way a placement that serves its demand well is left
 alone, and the moves come in an order that never takes a model below its floor.
 """
 
@@ -153,15 +154,22 @@ def propose_exact(placement: Placement, devices: Sequence[DeviceInfo],
                                              settings.min_gain):
             continue
         full = _keep_idle(target, placement, devices, profiles, names)
-        near.append((len(full ^ placement), -result.headroom, sorted(full), full, result))
-    near.sort(key=lambda item: item[:3])
-    for count, _, _, full, _result in near:
+        near.append((_load_s(full - placement, profiles), len(full ^ placement),
+                     -result.headroom, sorted(full), full, result))
+    near.sort(key=lambda item: item[:4])
+    for _, count, _, _, full, _result in near:
         if count > settings.max_moves and not must:
             break
         moves = order_moves(placement, full, devices, profiles, demand_per_s)
         if moves is not None:
             return Plan(full, moves, before, assess(full, profiles, demand_per_s))
     return Plan(placement, (), before, before)
+
+
+def _load_s(added: Placement, profiles: Mapping[str, ModelProfile]) -> float:
+    """The load and warm-up time of the replicas ``added`` (a placement's cost to reach: each
+    adds capacity only once warm, and holds its device's memory meanwhile)."""
+    return sum(profiles[name].load_s for name, _ in added)
 
 
 def _better_headroom(after: float, before: float, min_gain: float) -> bool:
@@ -198,7 +206,8 @@ def propose_greedy(placement: Placement, devices: Sequence[DeviceInfo],
 def _best_step(current: Placement, devices: Sequence[DeviceInfo],
                profiles: Mapping[str, ModelProfile], demand_per_s: Mapping[str, float], *,
                floor_only: bool) -> tuple[tuple[Move, ...], Placement, Assessment] | None:
-    """The single move with the most headroom after it (fewer moves on a tie); with
+    """The single move with the most headroom after it (on a tie, the shorter load, then
+    fewer moves); with
     ``floor_only``, only among moves that give a model below its floor a replica."""
     best: tuple[tuple[Move, ...], Placement, Assessment] | None = None
     for step, candidate in candidate_moves(current, devices, profiles, demand_per_s):
@@ -206,7 +215,9 @@ def _best_step(current: Placement, devices: Sequence[DeviceInfo],
             continue
         result = assess(candidate, profiles, demand_per_s)
         if best is None or result.headroom > best[2].headroom or (
-                result.headroom == best[2].headroom and len(step) < len(best[0])):
+                result.headroom == best[2].headroom
+                and (_load_s(candidate - current, profiles), len(step))
+                < (_load_s(best[1] - current, profiles), len(best[0]))):
             best = (step, candidate, result)
     return best
 

@@ -265,3 +265,19 @@ def test_candidate_moves_come_in_the_same_order_whatever_the_string_hashes() -> 
                                                           dict.fromkeys(small, 10.0))
              if len(step) == 1 and step[0].kind == "drop" and step[0].device == "d0"]
     assert drops == sorted(small)
+
+
+@pytest.mark.parametrize(("p_load_s", "q_load_s", "added"), [(30.0, 1.0, "q"), (1.0, 30.0, "p")])
+def test_between_near_equal_placements_the_planner_loads_the_quicker_model(
+        p_load_s: float, q_load_s: float, added: str) -> None:
+    # p and q, alike but for their load times, share d0 and are both short of capacity; a
+    # replica of either on the free d1 serves them equally well.
+    devices = [DeviceInfo("d0", 16 * GIB), DeviceInfo("d1", 16 * GIB)]
+    costs = {d: DeviceCost(0.01, 0.002, 1.0) for d in ("d0", "d1")}
+    profiles = {"p": ModelProfile("p", 7 * GIB, costs, 64, 0.05, load_s=p_load_s),
+                "q": ModelProfile("q", 7 * GIB, costs, 64, 0.05, load_s=q_load_s)}
+    placed: Placement = frozenset({("p", "d0"), ("q", "d0")})
+    demand = {"p": 150.0, "q": 150.0}
+    for search in (propose, propose_greedy):
+        plan = search(placed, devices, profiles, demand)
+        assert [m for m in plan.moves if m.kind == "add"] == [Move("add", added, "d1")]
