@@ -11,7 +11,15 @@ the strategy for moves, and runs them as tasks it owns:
   keeps its floor of replicas in routing without this one; the balancer moves the replica's
   queued work to the others and lets its running batch finish before the worker closes, so no
   request is refused or lost because a replica moves;
-* an ``add`` that needs memory a ``drop`` before it frees waits for that drop.
+* an ``add`` that needs memory a ``drop`` before it frees waits for that drop, and the two
+  start together or not at all (``swaps.units``): the budget never runs a drop without the add
+  it makes room for.
+
+A drop never takes a model below one healthy replica in routing (the balancer's view, not the
+placer's: a replica restarting or on a lost device serves nothing), nor drops a pinned replica,
+whoever proposed it. A load whose model or device leaves meanwhile is kept out of routing and
+its worker closed when it comes; at shutdown a load still in progress is abandoned (it may take
+minutes), while a drain in progress finishes (it carries admitted requests).
 
 A model with no replica at all (evicted when idle, or never placed) is loaded where it would
 serve fastest, evicting the least recently used idle models on that device if memory is short.
@@ -37,6 +45,7 @@ from evenflow.balancer.placement.costs import CostBook
 from evenflow.balancer.placement.demand import DemandMeter
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile, Placement
 from evenflow.balancer.placement.moves import Move, floor_replicas
+from evenflow.balancer.placement.swaps import units
 from evenflow.balancer.placement.tuner import MoveBudget
 from evenflow.balancer.placement.view import PlacerView, Strategy
 from evenflow.balancer.timebase import TimeSource, sleep_s
@@ -46,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 class ReplicaLoader(Protocol):
     async def load_replica(self, model: str, device: str) -> Worker:
-        """A warmed-up worker for ``model`` on ``device`` (the placer owns it from then)."""
+        """A warmed-up worker for ``model`` on ``device`` (the placer owns it from then).
+        Cancelled (the placer abandons a load at shutdown), it closes whatever it built."""
         ...
 
 
@@ -131,6 +141,10 @@ class Placer:
         self._models: dict[str, _Model] = {}
         self._replicas: dict[tuple[str, str], PlacedReplica] = {}
         self._tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # Moves whose model or device left while they ran: no longer the key's move, still
+        # awaited by ``close``.
+        self._orphans: set[asyncio.Task[None]] = set()
+        self._abandonable: set[asyncio.Task[None]] = set()  # adds before their worker exists
         self._budget = MoveBudget(settings.moves_per_minute)
         self._counts: collections.Counter[str] = collections.Counter()
         self._recent: collections.deque[MoveRecord] = collections.deque(
@@ -190,22 +204,44 @@ class Placer:
         self._costs.set_speed(device.name, speed)
 
     def remove_device(self, name: str) -> None:
-        """The device left (its replicas were removed by their balancers)."""
+        """The device left (its replicas were removed by their balancers). A load in flight
+        there is orphaned (``_orphan``): its worker is closed when it comes, not routed to."""
         self.devices = [d for d in self.devices if d.name != name]
         for key in [key for key in self._replicas if key[1] == name]:
-            del self._replicas[key]
+            self._orphan(key, self._replicas.pop(key))
 
     def forget_model(self, name: str) -> list[tuple[str, int]]:
         """Stop managing ``name``: unloaded (its balancer closed its workers), or reloaded (a
         new balancer takes over). Returns the memory its replicas held, by device: a reload
-        ``hold``s it until the old replicas have drained and closed."""
+        ``hold``s it until the old replicas have drained and closed. A load in flight for it
+        is orphaned (``_orphan``) and its memory held here until its worker is closed, so it is
+        not in what this returns. Call it before closing the balancer: a load that finishes
+        after that would be put in routing on a closed balancer."""
         model = self._models.pop(name, None)
-        keys = [key for key in self._replicas if key[0] == name]
-        for key in keys:
-            del self._replicas[key]
+        freed = []
+        for key in [key for key in self._replicas if key[0] == name]:
+            replica = self._replicas.pop(key)
+            memory_bytes = 0 if model is None else model.template.memory_bytes
+            if replica.state is not ReplicaState.LOADING:
+                freed.append((key[1], memory_bytes))
+            self._orphan(key, replica, memory_bytes)
         self._costs.forget(name)
-        return [] if model is None else [(device, model.template.memory_bytes)
-                                         for _, device in keys]
+        return freed
+
+    def _orphan(self, key: tuple[str, str], replica: PlacedReplica,
+                memory_bytes: int = 0) -> None:
+        """``key``'s model or device left while its move runs. The move is not cancelled: a
+        loader cancelled mid-build may leak what it had half built; an add finds its entry
+        gone when its load returns and closes the worker (``_add``). The key is freed for new
+        moves (a reloaded model's), and ``memory_bytes`` of a load held until it ends."""
+        task = self._tasks.pop(key, None)
+        if task is None:
+            return
+        self._orphans.add(task)
+        if replica.state is ReplicaState.LOADING and memory_bytes:
+            device = key[1]
+            self.hold(device, memory_bytes)
+            task.add_done_callback(lambda _: self.release(device, memory_bytes))
 
     def no_replica_callback(self, name: str) -> Callable[[], None]:
         """For the balancer's ``on_no_replica``: load a replica for ``name`` now."""
@@ -218,14 +254,23 @@ class Placer:
                                                                  name="evenflow-placer")
 
     async def close(self) -> None:
-        """Stop planning and wait for the moves in flight (a load finishes into routing; the
-        balancers close the workers when their models close)."""
+        """Stop planning, abandon the loads in progress and wait for every move to end.
+
+        A load may take minutes (or hang in its warm-up), and shutdown should not wait that
+        long for a replica nothing is routed to yet: it is cancelled (the loader closes what it
+        built), and requests parked for it fail now rather than at the drain's grace. A drain
+        in progress finishes: its replica's queued requests went to the others and its
+        running batch is answered before its worker closes. A drop not started is skipped."""
         self._closing = True
         if self._loop_task is not None:
             self._loop_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._loop_task
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        for task in self._abandonable:
+            task.cancel()
+        moves = {*self._tasks.values(), *self._orphans}
+        if moves:  # wait, not gather: a cancelled close must not cancel the drains
+            await asyncio.wait(moves)
 
     async def _run(self) -> None:
         while True:
@@ -284,38 +329,60 @@ class Placer:
 
     def carry_out(self, moves: Sequence[tuple[Move, str]], *, budgeted: bool = True) -> None:
         """Start ``moves`` in order, within the budget unless not ``budgeted``; each waits for
-        the earlier moves it depends on (see the module's docstring)."""
+        the earlier moves it depends on (see the module's docstring). The budget is spent by
+        the moves that start, a swap's at once (``swaps.units``): the first unit that does not
+        fit ends the list, so the moves that run are always a prefix of it."""
+        if self._closing:
+            return
         now_s = self._time.clock()
         earlier: list[tuple[Move, asyncio.Task[None]]] = []
-        limit = self._budget.left(now_s) if budgeted else len(moves)
-        for move, reason in moves[:limit]:
-            key = (move.model, move.device)
-            if move.model not in self._models or key in self._tasks:
-                continue
-            if move.kind == "add":
-                if key in self._replicas:
-                    continue
-                after = [task for m, task in earlier if m.kind == "drop"
-                         and m.device == move.device]
-                self._replicas[key] = PlacedReplica(move.model, move.device,
-                                                    ReplicaState.LOADING, now_s)
-                work = self._add(move, reason, after)
-            else:
-                replica = self._replicas.get(key)
-                if replica is None or replica.state is not ReplicaState.SERVING:
-                    continue
-                after = [task for m, task in earlier if m.kind == "add"
-                         and m.model == move.model]
-                work = self._drop(move, reason, after)
-            if budgeted:
-                self._budget.spend(now_s)
-            task = asyncio.get_running_loop().create_task(work, name=f"evenflow-{move.kind}")
-            self._tasks[key] = task
-            task.add_done_callback(functools.partial(self._move_finished, key))
-            earlier.append((move, task))
+        left = self._budget.left(now_s)
+        for unit in units(moves):
+            claimed: set[tuple[str, str]] = set()
+            starting = [(move, reason) for move, reason in unit
+                        if self._startable(move, claimed)]
+            if budgeted and len(starting) > left:
+                break
+            for move, reason in starting:
+                earlier.append((move, self._start(move, reason, earlier, now_s)))
+            if budgeted and starting:
+                self._budget.spend(now_s, len(starting))
+                left -= len(starting)
 
-    def _move_finished(self, key: tuple[str, str], _: asyncio.Task[None]) -> None:
-        self._tasks.pop(key, None)
+    def _startable(self, move: Move, claimed: set[tuple[str, str]]) -> bool:
+        """Whether ``move`` would start now (nothing else moves its replica); ``claimed``:
+        the keys of the moves before it in its unit."""
+        key = (move.model, move.device)
+        if move.model not in self._models or key in self._tasks or key in claimed:
+            return False
+        claimed.add(key)
+        if move.kind == "add":
+            return key not in self._replicas
+        replica = self._replicas.get(key)
+        return replica is not None and replica.state is ReplicaState.SERVING
+
+    def _start(self, move: Move, reason: str, earlier: list[tuple[Move, asyncio.Task[None]]],
+               now_s: float) -> asyncio.Task[None]:
+        key = (move.model, move.device)
+        if move.kind == "add":
+            after = [task for m, task in earlier if m.kind == "drop" and m.device == move.device]
+            placeholder = PlacedReplica(move.model, move.device, ReplicaState.LOADING, now_s)
+            self._replicas[key] = placeholder
+            work = self._add(move, reason, after, placeholder)
+        else:
+            after = [task for m, task in earlier if m.kind == "add" and m.model == move.model]
+            work = self._drop(move, reason, after)
+        task = asyncio.get_running_loop().create_task(work, name=f"evenflow-{move.kind}")
+        self._tasks[key] = task
+        task.add_done_callback(functools.partial(self._move_finished, key))
+        return task
+
+    def _move_finished(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
+        if self._tasks.get(key) is task:  # an orphan's key may be another move's by now
+            del self._tasks[key]
+        self._orphans.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("placement: a move failed", exc_info=exc)
 
     def _record(self, move: Move, reason: str, started_s: float, outcome: str) -> None:
         now_s = self._time.clock()
@@ -327,36 +394,66 @@ class Placer:
         log("placement: %s %s on %s (%s): %s in %.2f s", move.kind, move.model, move.device,
             reason, outcome, record.took_s)
 
-    async def _add(self, move: Move, reason: str, after: list[asyncio.Task[None]]) -> None:
+    async def _add(self, move: Move, reason: str, after: list[asyncio.Task[None]],
+                   placeholder: PlacedReplica) -> None:
+        """Load ``move``'s replica into routing, unless its entry (``placeholder``) is gone by
+        then: its model was forgotten or its device left (``_orphan``), and the worker is
+        closed instead. Until the loader returns, ``close`` may cancel it."""
         started_s = self._time.clock()
         key = (move.model, move.device)
-        await asyncio.gather(*after, return_exceptions=True)
-        model = self._models.get(move.model)
-        if model is None or self._closing or not self._fits(move):
-            self._replicas.pop(key, None)
-            self._record(move, reason, started_s, "skipped: no memory" if model else
-                         "skipped: model gone")
-            return
-        balancer = model.balancer
-        if not balancer.serving:
-            balancer.expect_replica()
+        model = self._models[move.model]  # carry_out started it for a known model
+        task = asyncio.current_task()
+        assert task is not None
+        self._abandonable.add(task)
         try:
+            if after:  # wait, not gather: cancelling this add must not cancel their drains
+                await asyncio.wait(after)
+            gone = self._gone(move, model, placeholder)
+            if gone is not None or not self._fits(move):
+                self._load_ended(move, model, placeholder)
+                self._record(move, reason, started_s, f"skipped: {gone or 'no memory'}")
+                return
+            if not model.balancer.serving:
+                model.balancer.expect_replica()
             worker = await self._loader.load_replica(move.model, move.device)
+        except asyncio.CancelledError:
+            self._load_ended(move, model, placeholder)
+            self._record(move, reason, started_s, "skipped: abandoned at shutdown")
+            raise
         except Exception as exc:
-            self._replicas.pop(key, None)
-            if not balancer.serving and not self._loading(move.model):
-                balancer.cancel_expected()
+            self._load_ended(move, model, placeholder)
             self._record(move, reason, started_s, f"failed: {exc}")
             return
-        if self._models.get(move.model) is not model:  # unloaded while this one loaded
+        finally:
+            self._abandonable.discard(task)
+        gone = self._gone(move, model, placeholder)
+        if gone is not None:  # its balancer may be closed, its device is not ours
             await worker.close()
-            self._record(move, reason, started_s, "skipped: model gone")
+            self._record(move, reason, started_s, f"skipped: {gone}")
             return
-        balancer.add_replica(worker)
+        model.balancer.add_replica(worker)
         self._replicas[key] = PlacedReplica(move.model, move.device, ReplicaState.SERVING,
                                             self._time.clock(), worker)
         model.waiting_since_s = None
         self._record(move, reason, started_s, "done")
+
+    def _gone(self, move: Move, model: _Model, placeholder: PlacedReplica) -> str | None:
+        """Why ``move``'s replica may not go into routing any more, if it may not."""
+        if self._models.get(move.model) is not model:
+            return "model gone"
+        if self._replicas.get((move.model, move.device)) is not placeholder:
+            return "device gone"
+        return "closing" if self._closing else None
+
+    def _load_ended(self, move: Move, model: _Model, placeholder: PlacedReplica) -> None:
+        """A load ended without a replica: its entry goes, and unless another load of the
+        model is in flight (or a replica is in routing) its parked requests fail."""
+        key = (move.model, move.device)
+        if self._replicas.get(key) is placeholder:
+            del self._replicas[key]
+        current = self._models.get(move.model) is model
+        if not model.balancer.serving and not (current and self._loading(move.model)):
+            model.balancer.cancel_expected()
 
     def _loading(self, name: str) -> bool:
         return any(r.state is ReplicaState.LOADING for key, r in self._replicas.items()
@@ -370,23 +467,42 @@ class Placer:
     async def _drop(self, move: Move, reason: str, after: list[asyncio.Task[None]]) -> None:
         started_s = self._time.clock()
         key = (move.model, move.device)
-        await asyncio.gather(*after, return_exceptions=True)
+        if after:
+            await asyncio.wait(after)
         model = self._models.get(move.model)
         replica = self._replicas.get(key)
         if model is None or replica is None or replica.worker is None:
             self._record(move, reason, started_s, "skipped: replica gone")
             return
-        others = sum(1 for (name, _), r in self._replicas.items() if name == move.model
-                     and r.state is ReplicaState.SERVING and r is not replica)
-        floor = floor_replicas(model.template, self._demand_per_s(move.model, self._time.clock()))
-        if others < floor:
-            self._record(move, reason, started_s,
-                         f"skipped: it would leave {others} replicas in routing, under {floor}")
+        refusal = "closing" if self._closing else self._keeps(model, replica)
+        if refusal is not None:
+            self._record(move, reason, started_s, f"skipped: {refusal}")
             return
         replica.state = ReplicaState.DRAINING
         await model.balancer.remove_replica(replica.worker)
-        self._replicas.pop(key, None)
+        if self._replicas.get(key) is replica:  # not a reloaded model's by now
+            del self._replicas[key]
         self._record(move, reason, started_s, "done")
+
+    def _keeps(self, model: _Model, replica: PlacedReplica) -> str | None:
+        """Why ``replica`` must stay, if it must. Every drop passes here, whoever proposed
+        it: a pinned replica stays where the configuration put it; and the model keeps its
+        floor of replicas that serve now, counted by the balancer's health (a replica
+        restarting or on a lost device is still the placer's, and serves nothing), and one
+        while it has any other replica: with none in routing, requests would park and no load
+        would start, since the model is not without a replica (``_on_demand``)."""
+        if replica.device in model.template.pinned:
+            return "pinned there"
+        name = model.template.name
+        in_routing = [r.worker for r in model.balancer.replicas if r.healthy]
+        others = [r for (n, _), r in self._replicas.items() if n == name and r is not replica]
+        healthy = sum(1 for r in others if r.state is ReplicaState.SERVING
+                      and any(w is r.worker for w in in_routing))
+        floor = floor_replicas(model.template, self._demand_per_s(name, self._time.clock()))
+        need = max(floor, 1) if others else floor
+        if healthy < need:
+            return f"it would leave {healthy} healthy replicas in routing, under {need}"
+        return None
 
     # -- a model with no replica ------------------------------------------------------------
 

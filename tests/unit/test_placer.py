@@ -25,28 +25,38 @@ from tests.unit.balancer_fakes import FakeTime, answered, settle
 GIB = 2**30
 DEVICES = [DeviceInfo("d0", 16 * GIB), DeviceInfo("d1", 8 * GIB)]
 LOAD_S = 2.0
+SETTINGS = PlacerSettings(on_demand_wait_s=5.0)
 
 
 class Loader:
-    """Loads in ``LOAD_S`` of fake time, and fails where it is told to."""
+    """Loads in ``LOAD_S`` of fake time, and fails where it is told to; keeps the workers it
+    made and counts the loads cancelled."""
 
     def __init__(self, time: FakeTime) -> None:
         self.time = time
         self.fail: set[tuple[str, str]] = set()
         self.loaded: list[tuple[str, str]] = []
+        self.workers: list[FakeWorker] = []
+        self.cancelled = 0
 
     async def load_replica(self, model: str, device: str) -> FakeWorker:
-        await sleep_s(self.time, LOAD_S)
+        try:
+            await sleep_s(self.time, LOAD_S)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
         if (model, device) in self.fail:
             raise RuntimeError("out of memory while loading")
         self.loaded.append((model, device))
-        return FakeWorker(f"{model}@{device}", devices=(device,))
+        self.workers.append(FakeWorker(f"{model}@{device}", devices=(device,)))
+        return self.workers[-1]
 
 
-def profile(name: str, memory_gib: float, min_replicas: int = 0) -> ModelProfile:
+def profile(name: str, memory_gib: float, min_replicas: int = 0,
+            pinned: frozenset[str] = frozenset()) -> ModelProfile:
     return ModelProfile(name, int(memory_gib * GIB),
                         {d.name: DeviceCost(0.01, 0.001, 1.0) for d in DEVICES}, 16, 0.05,
-                        LOAD_S, min_replicas)
+                        LOAD_S, min_replicas, pinned=pinned)
 
 
 class Scripted:
@@ -61,19 +71,19 @@ class Scripted:
 
 
 class World:
-    def __init__(self, time: FakeTime, speeds: Mapping[str, float] | None = None) -> None:
+    def __init__(self, time: FakeTime, speeds: Mapping[str, float] | None = None,
+                 settings: PlacerSettings = SETTINGS) -> None:
         self.time = time
         self.ledger = DeviceLedger()
         self.loader = Loader(time)
         self.strategy = Scripted()
         self.placer = Placer(devices=DEVICES, speeds=speeds or {}, loader=self.loader,
-                             strategy=self.strategy, time_source=time,
-                             settings=PlacerSettings(on_demand_wait_s=5.0))
+                             strategy=self.strategy, time_source=time, settings=settings)
         self.balancers: dict[str, ModelBalancer] = {}
         self.placer.start()  # its ticks run on the fake clock
 
     def model(self, name: str, memory_gib: float, on: Sequence[str] = (),
-              min_replicas: int = 0) -> ModelBalancer:
+              min_replicas: int = 0, pinned: frozenset[str] = frozenset()) -> ModelBalancer:
         workers = {d: FakeWorker(f"{name}@{d}", devices=(d,)) for d in on}
         balancer = ModelBalancer(model_name=name, workers=list(workers.values()),
                                  config=BalancerConfig(max_wait_s=0.0), clock=self.time,
@@ -81,7 +91,7 @@ class World:
                                  on_no_replica=self.placer.no_replica_callback(name))
         balancer.start()
         self.balancers[name] = balancer
-        self.placer.add_model(profile(name, memory_gib, min_replicas),
+        self.placer.add_model(profile(name, memory_gib, min_replicas, pinned),
                               DeviceCost(0.01, 0.001), balancer, workers)
         return balancer
 
@@ -101,7 +111,9 @@ class World:
                       if m == name and state == "serving")
 
     async def close(self) -> None:
-        await self.placer.close()
+        # Moving the clock while the placer closes: a test that failed may leave a move that
+        # waits on fake time, and its teardown should end, not hang.
+        await answered(self.time, asyncio.ensure_future(self.placer.close()), step_s=0.05)
         for balancer in self.balancers.values():
             await balancer.close()
 
