@@ -11,8 +11,9 @@ port (TLS or not). ``ServingPort`` runs it through its life::
 ``drain``: new inference calls hear UNAVAILABLE and health turns NOT_SERVING, what was admitted
 is still answered. ``close``, once every admitted call has its answer: a quiet period (up to
 ``ANSWER_S``) for gRPC to send the answers the handlers already have, then the port is closed
-by hand (see ``closing``) so that no call reaches gRPC's stop, and gRPC's stop follows.
-Imports neither torch nor anything of the engine."""
+by hand (see ``closing``) so that no call reaches gRPC's stop, and gRPC's stop follows; then a
+wait (up to ``ANSWER_S``) until grpc.aio's own tasks for the calls it served have ended (see
+``call_tasks``). Imports neither torch nor anything of the engine."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2
 
 from evenflow.proto import grpc_service_pb2
+from evenflow.server.edge.call_tasks import CallTasks, calls_ended, grpc_call_tasks
 from evenflow.server.edge.closing import close_port
 from evenflow.server.edge.port_errors import PortUnavailable
 from evenflow.server.edge.registration import (
@@ -41,7 +43,8 @@ from evenflow.server.edge.servicer import EdgeServicer
 logger = logging.getLogger(__name__)
 
 # Once the models are closed, how long the edge waits for gRPC to send the answers the
-# handlers already have, and then how long gRPC's stop waits for calls still running.
+# handlers already have, then how long gRPC's stop waits for calls still running, and then
+# how long the edge waits for grpc.aio's tasks of the calls it served to end.
 ANSWER_S = 5.0
 
 INFERENCE_SERVICE = grpc_service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -121,10 +124,13 @@ class ServingPort:
 
     ``health_servicer`` exists from construction, so health can follow the models before the
     port opens; a port never started (the engine of ``--frontends N``, whose front-ends serve
-    the port) still drains its edge and closes as a no-op."""
+    the port) still drains its edge and closes as a no-op. ``call_tasks`` finds grpc.aio's
+    tasks of the calls being served (see ``call_tasks``)."""
 
-    def __init__(self, *, edge: EdgeServicer, name: str = "server") -> None:
+    def __init__(self, *, edge: EdgeServicer, name: str = "server",
+                 call_tasks: CallTasks = grpc_call_tasks) -> None:
         self.edge = edge
+        self._call_tasks = call_tasks
         self.health_servicer = health.aio.HealthServicer()
         self.port = 0
         self._name = name  # in log lines
@@ -168,8 +174,9 @@ class ServingPort:
 
     async def close(self, on_unanswered: Callable[[], None] | None = None) -> None:
         """Once every admitted call has its answer: wait (up to ``ANSWER_S``) for gRPC to send
-        them, calling ``on_unanswered`` when some are still unsent; then close the port and
-        stop gRPC. Idempotent."""
+        them, calling ``on_unanswered`` when some are still unsent; then close the port, stop
+        gRPC and wait (up to ``ANSWER_S``) for its tasks of the calls it served to end, so
+        that none is left for the process's exit to cancel. Idempotent."""
         server, self._server = self._server, None
         if server is None:
             return
@@ -185,3 +192,7 @@ class ServingPort:
         logger.info("%s: port %d closed: %d listeners, %d client connections", self._name,
                     self.port, closed.listeners, closed.connections)
         await server.stop(ANSWER_S)
+        left = await calls_ended(ANSWER_S, self._call_tasks)
+        if left:
+            logger.warning("%s: %d gRPC call tasks still running %.1f s after the stop",
+                           self._name, left, ANSWER_S)
