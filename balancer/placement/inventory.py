@@ -15,8 +15,9 @@ Placement = frozenset[tuple[str, str]]
 
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
-    """A device and the memory its replicas may use (NVML's total less a reserve, or declared
-    in the configuration; a ``sim`` device's is declared)."""
+    """A device and the memory its replicas may use: declared in the configuration, else for
+    a GPU 90 % of its total as torch reports it (with thread workers no more than was free at
+    start; ``server/engine/placement.device_memory_bytes``); a ``sim`` device's is declared."""
 
     name: str
     memory_bytes: int
@@ -27,8 +28,9 @@ class ModelProfile:
     """One model as the planner sees it.
 
     Attributes:
-        memory_bytes: a replica's footprint: parameters and buffers plus the activation peak at
-            its largest batch (measured at warm-up), the same on every device.
+        memory_bytes: a replica's footprint: parameters and buffers in the served dtype plus
+            the activation peak at its max batch and largest padding bucket (measured at
+            warm-up), the same on every device.
         costs: its batch cost on each device (the replica's latency fit, or a prior scaled by
             the device's speed where it has never run).
         slo_s: the latency its requests must be answered within (the declared SLO, else the
