@@ -159,7 +159,23 @@ def test_the_first_batch_of_the_max_size_takes_the_largest_bucket() -> None:
     assert [(b.size, b.length) for b in warmup_batches(8, 2, None)] == [(1, None), (8, None)]
 
 
-class Attention:
+class _FakeReplica:
+    """What a fake replica here does besides running batches: no device to slow or fault."""
+
+    async def set_device_speed(self, device: str, speed: float) -> float:
+        raise KeyError(device)
+
+    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
+        raise KeyError(device)
+
+    async def restart(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+class Attention(_FakeReplica):
     """A replica on a fake allocator whose batches hold ``size * length**2`` bytes (attention
     scores), measured as a GPU replica measures them (``ActivationPeak``)."""
 
@@ -181,18 +197,6 @@ class Attention:
 
     def status(self) -> WorkerStatus:
         return WorkerStatus(activation_peak_bytes=self.meter.peak_bytes)
-
-    async def set_device_speed(self, device: str, speed: float) -> float:
-        raise KeyError(device)
-
-    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
-        raise KeyError(device)
-
-    async def restart(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("batches", [1, 3])
@@ -284,7 +288,7 @@ async def test_inputs_that_cannot_be_sampled_skip_the_warmup_with_a_log_line(
     assert "model v: no warm-up" in caplog.text
 
 
-class _Unused:
+class _Unused(_FakeReplica):
     """A worker the warm-up must not call."""
 
     name = "unused"
@@ -297,14 +301,3 @@ class _Unused:
     def status(self) -> WorkerStatus:
         return WorkerStatus()
 
-    async def set_device_speed(self, device: str, speed: float) -> float:
-        raise KeyError(device)
-
-    async def set_device_fault(self, device: str, fault: str, count: int) -> None:
-        raise KeyError(device)
-
-    async def restart(self) -> None:
-        pass
-
-    async def close(self) -> None:
-        pass
