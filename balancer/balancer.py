@@ -78,6 +78,7 @@ class ModelBalancer:
         self._ledger = ledger
         self._side = _ReplicaSide(self)
         self._queue_of: dict[Replica, JobQueue] = {}
+        self._leaving: dict[Replica, asyncio.Future[None]] = {}
         self._replicas: list[Replica] = []
         for worker in workers:
             self._add(worker)
@@ -160,7 +161,20 @@ class ModelBalancer:
 
     async def _remove(self, replica: Replica) -> None:
         """Out of routing, its queued work moved to the others (parked or failed when it was
-        the last one: ``_reroute``), its running batches finished; then its worker closed."""
+        the last one: ``_reroute``), its running batches finished; then its worker closed.
+        A second removal of a replica already leaving (the placer drains it while its device
+        leaves) waits for the first."""
+        if (leaving := self._leaving.get(replica)) is not None:
+            await asyncio.shield(leaving)
+            return
+        self._leaving[replica] = done = asyncio.get_running_loop().create_future()
+        try:
+            await self._remove_once(replica)
+        finally:
+            del self._leaving[replica]
+            done.set_result(None)
+
+    async def _remove_once(self, replica: Replica) -> None:
         replica.leave_routing()
         self._health_changed()
         # A shared queue stays with the replicas that still read it; the last one hands it on.

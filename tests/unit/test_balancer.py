@@ -749,3 +749,24 @@ async def test_admin_controls_reach_the_simulated_devices_of_the_balancers_worke
     assert await balancer.set_device_speed("nowhere", 0.5) is None
     assert await balancer.set_device_fault("sim0", "hang", 2) and sim.faults == [("hang", 2)]
     assert not await balancer.set_device_fault("cuda0", "hang", 1)
+
+
+async def test_a_replica_removed_twice_at_once_leaves_once(make_balancer) -> None:
+    # The placer drains a replica while its device leaves: both removals end, neither fails.
+    leaving = FakeWorker("leaving", gated=True)
+    staying = FakeWorker("staying", gated=True)
+    balancer = make_balancer([leaving, staying], policy=Policy.ROUND_ROBIN,
+                             adaptive_batching=False, max_batch=1)
+    future = balancer.submit(0, 1)
+    await settle()
+    assert leaving.batches == [[1]]  # a running batch keeps both removals waiting
+    drain = asyncio.create_task(balancer.remove_replica(leaving))
+    gone = asyncio.create_task(balancer.remove_device("leaving"))
+    await settle()
+    assert not drain.done() and not gone.done()
+    leaving.release()
+    await settle()
+    assert await gone == 1
+    await drain
+    assert [r.worker for r in balancer.replicas] == [staying] and leaving.closed
+    assert future.result() == ("out", 0)
