@@ -49,6 +49,15 @@ def replica_rates_per_s(placement: Placement, profiles: Mapping[str, ModelProfil
     return rates
 
 
+def serving_replicas(placement: Placement, profiles: Mapping[str, ModelProfile],
+                     demand_per_s: Mapping[str, float]) -> set[tuple[str, str]]:
+    """The replicas that serve demand: their model has some, and they answer within its SLO
+    on their device (routing sends them work, whatever share the best sharing gives them)."""
+    rates = replica_rates_per_s(placement, profiles, demand_per_s)
+    return {pair for pair, rate in rates.items()
+            if rate > 0.0 and demand_per_s.get(pair[0], 0.0) > 0.0}
+
+
 def assess(placement: Placement, profiles: Mapping[str, ModelProfile],
            demand_per_s: Mapping[str, float]) -> Assessment:
     """The best sharing of each device among its models for ``demand_per_s`` (samples/s)."""

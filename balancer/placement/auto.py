@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from evenflow.balancer.placement.assessment import replica_rates_per_s
+from evenflow.balancer.placement.assessment import serving_replicas
 from evenflow.balancer.placement.change import ChangeTest
 from evenflow.balancer.placement.inventory import devices_of
 from evenflow.balancer.placement.moves import Move, floor_replicas
@@ -173,9 +173,8 @@ def _takes_busy_room(view: PlacerView, moves: Sequence[Move]) -> bool:
     drops = [(move.model, move.device) for move in moves if move.kind == "drop"]
     if not drops:
         return False
-    rates = replica_rates_per_s(view.placement, view.profiles, view.demand_per_s)
-    return any(view.demand_per_s.get(name, 0.0) > 0.0 and rates.get((name, device), 0.0) > 0.0
-               for name, device in drops)
+    serving = serving_replicas(view.placement, view.profiles, view.demand_per_s)
+    return any(pair in serving for pair in drops)
 
 
 def _rounded(values: Mapping[str, float]) -> str:

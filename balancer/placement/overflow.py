@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from evenflow.balancer.placement.assessment import assess, replica_rates_per_s
+from evenflow.balancer.placement.assessment import assess, serving_replicas
 from evenflow.balancer.placement.inventory import (
     DeviceInfo,
     ModelProfile,
@@ -98,9 +98,7 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
     device's overflow replica is swapped only for a clearly needier model, and never when it
     is its model's only replica or pinned there. A device that holds two or more busy models
     is left alone."""
-    rates = replica_rates_per_s(placement, profiles, demand_per_s)
-    demanded = {name for name, rate in demand_per_s.items() if rate > 0.0}
-    serving_pairs = {pair for pair, rate in rates.items() if rate > 0.0 and pair[0] in demanded}
+    serving_pairs = serving_replicas(placement, profiles, demand_per_s)
     serving: dict[str, int] = {}
     for name, _ in serving_pairs:
         serving[name] = serving.get(name, 0) + 1
