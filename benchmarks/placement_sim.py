@@ -23,7 +23,8 @@ from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.placement.assessment import assess
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile, Placement
 from evenflow.balancer.placement.moves import Move
-from evenflow.balancer.placement.placer import MoveRecord, Placer, PlacerSettings
+from evenflow.balancer.placement.placer import Placer, PlacerSettings
+from evenflow.balancer.placement.report import MoveRecord
 from evenflow.balancer.placement.view import PlacerView, Strategy
 from evenflow.balancer.timebase import LoopTime
 from evenflow.loadtest.percentiles import ordered_percentile

@@ -22,7 +22,8 @@ its worker closed when it comes; at shutdown a load still in progress is abandon
 minutes), while a drain in progress finishes (it carries admitted requests).
 
 A model with no replica at all (evicted when idle, or never placed) is loaded where it would
-serve fastest, evicting the least recently used idle models on that device if memory is short.
+serve fastest, evicting the least recently used idle models on that device if memory is short
+(``on_demand``).
 """
 
 from __future__ import annotations
@@ -39,12 +40,19 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from evenflow.balancer.balancer import ModelBalancer
-from evenflow.balancer.capacity import DeviceCost, rate_within_per_s
+from evenflow.balancer.capacity import DeviceCost
 from evenflow.balancer.job import Worker
 from evenflow.balancer.placement.costs import CostBook
 from evenflow.balancer.placement.demand import DemandMeter
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile, Placement
 from evenflow.balancer.placement.moves import Move, floor_replicas
+from evenflow.balancer.placement.on_demand import Evictable, on_demand_moves, overflow_replica
+from evenflow.balancer.placement.report import (
+    DeviceMemory,
+    ModelFootprint,
+    MoveRecord,
+    PlacementSnapshot,
+)
 from evenflow.balancer.placement.swaps import units
 from evenflow.balancer.placement.tuner import MoveBudget
 from evenflow.balancer.placement.view import PlacerView, Strategy
@@ -73,29 +81,6 @@ class PlacedReplica:
     state: ReplicaState
     since_s: float
     worker: Worker | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class MoveRecord:
-    """A move carried out (or given up), for the log, the metrics and the stats RPC."""
-
-    at_s: float
-    kind: str
-    model: str
-    device: str
-    reason: str
-    took_s: float
-    outcome: str  # "done", "failed: ...", or "skipped: ..."
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementSnapshot:
-    mode: str
-    replicas: tuple[tuple[str, str, str], ...]  # (model, device, state)
-    moves: Mapping[str, int]  # by "kind/reason/outcome-word"
-    recent: tuple[MoveRecord, ...]
-    demand_per_s: Mapping[str, float]  # samples, over the short window
-    requests_per_s: Mapping[str, float]  # over the short window
 
 
 @dataclass(frozen=True, slots=True)
@@ -526,61 +511,34 @@ class Placer:
         self.carry_out([(move, "demand") for move in moves], budgeted=False)
 
     def _on_demand_moves(self, name: str) -> list[Move] | None:
-        """Load ``name`` where it would serve fastest among the devices it fits on, after
-        evicting the least recently used idle models there if it must; None if it fits
-        nowhere now."""
-        profile = self._models[name].template
         profiles = self.profiles()
-        best: tuple[int, float, list[Move]] | None = None
-        for device in self.devices:
-            if not profile.allowed_on(device.name):
-                continue
-            here = [n for (n, where) in self._replicas if where == device.name]
-            free = device.memory_bytes - self._used_bytes(device.name)
-            evictable = sorted((n for n in here if self._evictable(n, device.name, profiles)),
-                               key=lambda n: self._models[n].demand.last_arrival_s)
-            evict: list[str] = []
-            while free < profile.memory_bytes and evictable:
-                victim = evictable.pop(0)
-                evict.append(victim)
-                free += self._models[victim].template.memory_bytes
-            if free < profile.memory_bytes:
-                continue
-            rate = rate_within_per_s(profiles[name].costs[device.name], profile.slo_s,
-                                     profile.max_batch)
-            moves = [Move("drop", n, device.name) for n in evict] + [
-                Move("add", name, device.name)]
-            if best is None or (len(evict), -rate) < (best[0], -best[1]):
-                best = (len(evict), rate, moves)
-        return None if best is None else best[2]
+        evictable: dict[str, list[Evictable]] = collections.defaultdict(list)
+        for (model, device) in self._replicas:
+            if self._evictable(model, device, profiles):
+                evictable[device].append(Evictable(
+                    model, self._models[model].template.memory_bytes,
+                    self._models[model].demand.last_arrival_s))
+        return on_demand_moves(profiles[name], self.devices, self.free_bytes(), evictable)
 
     def _evictable(self, name: str, device: str, profiles: Mapping[str, ModelProfile]) -> bool:
-        """A replica unpinned there, above its model's configured minimum, of an idle model or
-        an overflow one (``overflow``: the capacity arithmetic gives it nothing, so the model
-        keeps all it is counted on). The least recently used go first, so an idle model's
-        replica goes before an overflow replica of a busy one."""
+        """A replica that serves, above its model's configured minimum, of an idle model or
+        an overflow one (``overflow_replica``), that a drop would take (``_keeps``): an
+        eviction the drop would refuse would only make the load after it fail for memory. The
+        least recently used go first, so an idle model's replica goes before an overflow
+        replica of a busy one."""
         model = self._models.get(name)
         replica = self._replicas.get((name, device))
         if model is None or replica is None or replica.state is not ReplicaState.SERVING:
             return False
-        if device in model.template.pinned:
-            return False
         count = sum(1 for (n, _) in self._replicas if n == name)
         if count <= model.template.min_replicas:
             return False
-        return self._idle(name, self._time.clock()) or self._overflow(name, device, profiles)
-
-    def _overflow(self, name: str, device: str, profiles: Mapping[str, ModelProfile]) -> bool:
-        """Whether ``name``'s replica on ``device`` is one the arithmetic gives no rate, beside
-        one in routing that it does."""
-        profile = profiles[name]
-
-        def rate_per_s(where: str) -> float:
-            return rate_within_per_s(profile.costs[where], profile.slo_s, profile.max_batch)
-
-        return rate_per_s(device) <= 0.0 and any(
-            n == name and where != device and r.state is ReplicaState.SERVING
-            and rate_per_s(where) > 0.0 for (n, where), r in self._replicas.items())
+        serving = [where for (n, where), r in self._replicas.items()
+                   if n == name and r.state is ReplicaState.SERVING]
+        if not (self._idle(name, self._time.clock())
+                or overflow_replica(profiles[name], device, serving)):
+            return False
+        return self._keeps(model, replica) is None
 
     def _demand_per_s(self, name: str, now_s: float) -> float:
         """The demand the strategy plans for, and the drops are checked against: 0 for an idle
@@ -607,4 +565,8 @@ class Placer:
                                   for r in self._replicas.values())),
             moves=dict(self._counts), recent=tuple(self._recent),
             demand_per_s={n: m.demand.short_per_s for n, m in self._models.items()},
-            requests_per_s={n: m.demand.short_requests_per_s for n, m in self._models.items()})
+            requests_per_s={n: m.demand.short_requests_per_s for n, m in self._models.items()},
+            devices=tuple(DeviceMemory(d.name, d.memory_bytes, self._used_bytes(d.name))
+                          for d in self.devices),
+            models=tuple(ModelFootprint(n, m.template.memory_bytes, m.template.load_s)
+                         for n, m in sorted(self._models.items())))

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from evenflow.balancer.placement.placer import PlacementSnapshot
+from evenflow.balancer.placement.report import PlacementSnapshot
 from evenflow.proto import evenflow_pb2_grpc, grpc_service_pb2_grpc
 from evenflow.server.config.server_config import ServerConfig
 from evenflow.server.edge.grpc_server import PortSettings, ServingPort, tls_files

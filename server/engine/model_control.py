@@ -26,7 +26,8 @@ from typing import Any
 from evenflow.balancer import ModelBalancer, Worker
 from evenflow.balancer.errors import ErrorCode, EvenflowError
 from evenflow.balancer.ledger import DeviceLedger
-from evenflow.balancer.placement.placer import PlacementSnapshot, Placer
+from evenflow.balancer.placement.placer import Placer
+from evenflow.balancer.placement.report import PlacementSnapshot
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.engine import placement

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import grpc
 
 from evenflow.balancer import DeviceNotFound, InvalidRequest, ModelNotFound, ReplicaSnapshot
-from evenflow.balancer.placement.placer import PlacementSnapshot
+from evenflow.balancer.placement.report import PlacementSnapshot
 from evenflow.proto import evenflow_pb2 as ef
 from evenflow.proto import evenflow_pb2_grpc as ef_grpc
 from evenflow.server.edge.status import answers_errors

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 
 from evenflow.balancer import ReplicaSnapshot
-from evenflow.balancer.placement.placer import PlacementSnapshot
+from evenflow.balancer.placement.report import PlacementSnapshot
 from evenflow.balancer.stats import DROP_REASONS, REJECT_REASONS, ModelStatistics
 from evenflow.server.edge.model_names import MODEL_VERSION
 from evenflow.server.engine.served import ServedModel

@@ -3,7 +3,7 @@ from a placer snapshot (and nothing of them under ``--placement all``)."""
 
 from __future__ import annotations
 
-from evenflow.balancer.placement.placer import MoveRecord, PlacementSnapshot
+from evenflow.balancer.placement.report import MoveRecord, PlacementSnapshot
 from evenflow.server.engine.stats_service import placement_message
 from evenflow.server.observability.metrics import collect
 from evenflow.server.observability.prometheus import render

@@ -183,3 +183,24 @@ async def test_close_lets_a_drain_in_progress_finish(world: World) -> None:
         ("add", "c", device, "skipped: abandoned at shutdown"),
         ("add", "cold", "d0", "skipped: abandoned at shutdown"),
         ("drop", "a", device, "done")]
+
+
+async def test_an_eviction_a_drop_would_refuse_is_not_proposed(world: World) -> None:
+    # a is idle on both devices, its replica on d1 out of routing (lost): evicting a@d0 would
+    # leave it no healthy replica, so the drop would refuse and the load after it would fail
+    # for memory. a@d1 goes instead, and cold loads there.
+    a = world.model("a", 8, on=("d0", "d1"))
+    world.model("pinned", 8, on=("d0",), pinned=frozenset({"d0"}))
+    lost = next(r.worker for r in a.replicas if r.worker.name == "a@d1")
+    assert isinstance(lost, FakeWorker)
+    lost.fail_with.append(DeviceLost("d1 fell off the bus"))
+    for i in range(20):
+        assert await answered(world.time, a.submit(i, 1)) == [("out", i)]
+        if not lost.fail_with:
+            break
+    await world.run_for(6.0)  # a is idle now
+    cold = world.model("cold", 8)
+    assert await answered(world.time, cold.submit("x", 1), limit_s=10.0) == [("out", "x")]
+    assert world.serving("cold") == ["d1"] and world.serving("a") == ["d0"]
+    assert ("drop", "a", "d1", "done") in outcomes(world)
+    assert not any(o.startswith("skipped") for *_, o in outcomes(world))
