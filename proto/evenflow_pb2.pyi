@@ -169,8 +169,28 @@ class PlacementMove(_message.Message):
     outcome: str
     def __init__(self, at_s: _Optional[float] = ..., kind: _Optional[str] = ..., model: _Optional[str] = ..., device: _Optional[str] = ..., reason: _Optional[str] = ..., took_s: _Optional[float] = ..., outcome: _Optional[str] = ...) -> None: ...
 
+class PlacementDevice(_message.Message):
+    __slots__ = ("device", "memory_bytes", "reserved_bytes")
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    device: str
+    memory_bytes: int
+    reserved_bytes: int
+    def __init__(self, device: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ...) -> None: ...
+
+class PlacementModel(_message.Message):
+    __slots__ = ("model", "memory_bytes", "load_s")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOAD_S_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    memory_bytes: int
+    load_s: float
+    def __init__(self, model: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., load_s: _Optional[float] = ...) -> None: ...
+
 class Placement(_message.Message):
-    __slots__ = ("mode", "replicas", "moves", "recent", "demand_per_s", "requests_per_s")
+    __slots__ = ("mode", "replicas", "moves", "recent", "demand_per_s", "requests_per_s", "devices", "models")
     class MovesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,13 +218,17 @@ class Placement(_message.Message):
     RECENT_FIELD_NUMBER: _ClassVar[int]
     DEMAND_PER_S_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    MODELS_FIELD_NUMBER: _ClassVar[int]
     mode: str
     replicas: _containers.RepeatedCompositeFieldContainer[PlacedReplica]
     moves: _containers.ScalarMap[str, int]
     recent: _containers.RepeatedCompositeFieldContainer[PlacementMove]
     demand_per_s: _containers.ScalarMap[str, float]
     requests_per_s: _containers.ScalarMap[str, float]
-    def __init__(self, mode: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[PlacedReplica, _Mapping]]] = ..., moves: _Optional[_Mapping[str, int]] = ..., recent: _Optional[_Iterable[_Union[PlacementMove, _Mapping]]] = ..., demand_per_s: _Optional[_Mapping[str, float]] = ..., requests_per_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    devices: _containers.RepeatedCompositeFieldContainer[PlacementDevice]
+    models: _containers.RepeatedCompositeFieldContainer[PlacementModel]
+    def __init__(self, mode: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[PlacedReplica, _Mapping]]] = ..., moves: _Optional[_Mapping[str, int]] = ..., recent: _Optional[_Iterable[_Union[PlacementMove, _Mapping]]] = ..., demand_per_s: _Optional[_Mapping[str, float]] = ..., requests_per_s: _Optional[_Mapping[str, float]] = ..., devices: _Optional[_Iterable[_Union[PlacementDevice, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[PlacementModel, _Mapping]]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("uptime_s", "models", "devices", "placement")

@@ -13,11 +13,17 @@ from evenflow.balancer.capacity import DeviceCost
 Placement = frozenset[tuple[str, str]]
 
 
+# The memory of a device that declares none (a ``sim`` device not given any): placement there
+# is bounded by replica counts alone.
+UNLIMITED_BYTES = 1 << 62
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """A device and the memory its replicas may use: declared in the configuration, else for
     a GPU 90 % of its total as torch reports it (with thread workers no more than was free at
-    start; ``server/engine/placement.device_memory_bytes``); a ``sim`` device's is declared."""
+    start; ``server/engine/placement.device_memory_bytes``); a ``sim`` device's is declared,
+    or ``UNLIMITED_BYTES``."""
 
     name: str
     memory_bytes: int

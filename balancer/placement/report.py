@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from evenflow.balancer.placement.inventory import UNLIMITED_BYTES
+
 
 @dataclass(frozen=True, slots=True)
 class MoveRecord:
@@ -33,6 +35,11 @@ class DeviceMemory:
     @property
     def free_bytes(self) -> int:
         return self.memory_bytes - self.reserved_bytes
+
+    @property
+    def limited(self) -> bool:
+        """False for a device that declares no memory (``UNLIMITED_BYTES``)."""
+        return self.memory_bytes < UNLIMITED_BYTES
 
 
 @dataclass(frozen=True, slots=True)

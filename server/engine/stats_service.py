@@ -81,7 +81,13 @@ def placement_message(snapshot: PlacementSnapshot | None, started_s: float) -> e
                                  device=r.device, reason=r.reason, took_s=r.took_s,
                                  outcome=r.outcome) for r in snapshot.recent],
         demand_per_s=dict(snapshot.demand_per_s),
-        requests_per_s=dict(snapshot.requests_per_s))
+        requests_per_s=dict(snapshot.requests_per_s),
+        devices=[ef.PlacementDevice(device=d.device,
+                                    memory_bytes=d.memory_bytes if d.limited else 0,
+                                    reserved_bytes=max(d.reserved_bytes, 0))
+                 for d in snapshot.devices],
+        models=[ef.PlacementModel(model=m.model, memory_bytes=m.memory_bytes, load_s=m.load_s)
+                for m in snapshot.models])
 
 
 class AdminServicer(ef_grpc.EvenflowAdminServicer):

@@ -209,12 +209,19 @@ _MOVES = "evenflow_placement_moves_total"
 _REPLICAS = "evenflow_placement_replicas"
 _DEMAND = "evenflow_model_demand_samples_per_second"
 _DEMAND_REQUESTS = "evenflow_model_demand_requests_per_second"
-PLACEMENT_METRIC_NAMES = frozenset({_MOVES, _REPLICAS, _DEMAND, _DEMAND_REQUESTS})
+_DEVICE_MEMORY = "evenflow_placement_device_memory_bytes"
+_DEVICE_RESERVED = "evenflow_placement_device_reserved_bytes"
+_MODEL_MEMORY = "evenflow_model_replica_memory_bytes"
+_MODEL_LOAD = "evenflow_model_replica_load_seconds"
+PLACEMENT_METRIC_NAMES = frozenset({_MOVES, _REPLICAS, _DEMAND, _DEMAND_REQUESTS,
+                                    _DEVICE_MEMORY, _DEVICE_RESERVED, _MODEL_MEMORY,
+                                    _MODEL_LOAD})
 
 
 def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamily]:
     """Under ``--placement auto``: moves by kind, reason and outcome; replicas by model,
-    device and state; each model's demand."""
+    device and state; each model's demand, footprint and load time; each device's memory
+    for replicas and what they hold of it."""
     moves = MetricFamily(_MOVES, "counter",
                          "Placement moves (add, drop) by reason (plan, tuner, demand) and "
                          "outcome (done, failed, skipped)")
@@ -226,8 +233,29 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
     demand_requests = MetricFamily(
         _DEMAND_REQUESTS, "gauge",
         "Requests per second reaching the model, refused ones too, over 2 s")
+    device_memory = MetricFamily(
+        _DEVICE_MEMORY, "gauge",
+        "Memory replicas may use on the device (declared, or measured at start); absent for a "
+        "device that declares none")
+    device_reserved = MetricFamily(
+        _DEVICE_RESERVED, "gauge",
+        "Memory held on the device by the replicas placed there (loading, serving, draining) "
+        "and loads in progress")
+    model_memory = MetricFamily(
+        _MODEL_MEMORY, "gauge",
+        "One replica's footprint: parameters, buffers and the activation peak at its largest "
+        "batch")
+    model_load = MetricFamily(_MODEL_LOAD, "gauge",
+                              "How long the latest replica took to load and warm up")
     if placement is None:
         return []
+    for memory in placement.devices:
+        if memory.limited:
+            device_memory.add(memory.memory_bytes, device=memory.device)
+        device_reserved.add(memory.reserved_bytes, device=memory.device)
+    for footprint in placement.models:
+        model_memory.add(footprint.memory_bytes, model=footprint.model)
+        model_load.add(footprint.load_s, model=footprint.model)
     for key, count in sorted(placement.moves.items()):
         kind, reason, outcome = key.split("/")
         moves.add(count, kind=kind, reason=reason, outcome=outcome)
@@ -237,7 +265,8 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
         demand.add(rate, model=model)
     for model, rate in sorted(placement.requests_per_s.items()):
         demand_requests.add(rate, model=model)
-    return [moves, replicas, demand, demand_requests]
+    return [moves, replicas, demand, demand_requests, device_memory, device_reserved,
+            model_memory, model_load]
 
 
 def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample],

@@ -86,6 +86,13 @@ async def test_first_replicas_fit_memory_and_show_in_the_stats(server: ServerPro
     # 8 GiB devices, 7 GiB models: one replica each, a and b placed, cold waits for demand.
     assert sorted(m for models in by_device.values() for m in models) == ["a", "b"]
     assert all(len(models) == 1 for models in by_device.values())
+    # Each device's memory, and what its replicas hold of it: their models' footprints.
+    footprints = {m.model: m.memory_bytes for m in found.models}
+    assert sorted(footprints) == ["a", "b", "cold"]
+    assert all(memory_bytes >= 7 * 2**30 for memory_bytes in footprints.values())
+    memory = {d.device: (d.memory_bytes, d.reserved_bytes) for d in found.devices}
+    assert memory == {device: (8 * 2**30, sum(footprints[m] for m in models))
+                      for device, models in by_device.items()}
     async with AsyncClient(server.url, retries=0) as client:
         for model in ("a", "b"):
             out = await client.infer(model, SAMPLE, timeout_s=10.0)
@@ -125,23 +132,32 @@ async def test_placement_all_keeps_a_replica_of_every_model_on_every_device(
 
 
 class PlacementRows(HTMLParser):
-    """The devices page's placement rows: device -> the text of its replicas cell."""
+    """The devices page's placement rows: device -> the text of its replicas cell, and its
+    (memory, reserved) bytes; model -> its replica memory in bytes."""
 
     def __init__(self) -> None:
         super().__init__()
         self.rows: dict[str, str] = {}
+        self.memory: dict[str, tuple[int, int]] = {}
+        self.footprints: dict[str, int] = {}
         self._device: str | None = None
         self._cells = 0
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = dict(attrs)
-        if tag == "tr" and values.get("data-device") and "data-rate" not in values:
-            self._device, self._cells = values["data-device"], 0
+        if tag == "tr" and values.get("data-placement-device"):
+            self._device, self._cells = values["data-placement-device"], 0
+            self.rows[self._device] = ""
+            self.memory[self._device] = (int(values.get("data-memory-bytes") or 0),
+                                         int(values.get("data-reserved-bytes") or 0))
+        elif tag == "tr" and values.get("data-placement-model"):
+            self.footprints[values["data-placement-model"] or ""] = \
+                int(values.get("data-memory-bytes") or 0)
         elif tag == "td" and self._device is not None:
             self._cells += 1
 
     def handle_data(self, data: str) -> None:
-        if self._device is not None and self._cells == 2:
+        if self._device is not None and self._cells == 3:
             self.rows[self._device] = self.rows.get(self._device, "") + data
 
     def handle_endtag(self, tag: str) -> None:
@@ -157,7 +173,10 @@ async def test_the_devices_page_shows_the_placement(server: ServerProcess,
                          "--dump-dom", f"{http_url(server)}/")
     parser = PlacementRows()
     parser.feed(dom.decode())
-    found = serving(await placement(server.url))
-    assert sorted(parser.rows) == sorted(found)
+    stats = await placement(server.url)
+    found = serving(stats)
+    assert sorted(parser.rows) == ["sim0", "sim1"]
     for device, models in found.items():
         assert all(model in parser.rows[device] for model in models), parser.rows
+    assert parser.memory == {d.device: (d.memory_bytes, d.reserved_bytes) for d in stats.devices}
+    assert parser.footprints == {m.model: m.memory_bytes for m in stats.models}

@@ -271,3 +271,25 @@ async def test_a_measured_footprint_only_ever_raises_a_models_memory(world: Worl
     world.placer.carry_out([(Move("add", "a", "d1"), "plan")])
     await world.run_for(3.0)
     assert world.serving("a") == ["d0"]
+
+
+async def test_the_snapshot_counts_each_devices_reserved_memory_and_each_models_footprint(
+        world: World) -> None:
+    world.model("a", 6, on=("d0",))
+    world.model("b", 3)
+    world.placer.hold("d1", 1 * GIB)  # a first replica the engine is building
+    world.placer.carry_out([(Move("add", "b", "d1"), "plan")])
+    await world.run_for(LOAD_S / 2)
+    loading = world.placer.snapshot()
+    # A load holds its memory from its start, beside the engine's hold.
+    assert [(d.device, d.memory_bytes, d.reserved_bytes) for d in loading.devices] == [
+        ("d0", 16 * GIB, 6 * GIB), ("d1", 8 * GIB, 4 * GIB)]
+    world.placer.release("d1", 1 * GIB)
+    world.placer.set_load_s("b", 1.25)
+    world.placer.raise_memory_bytes("b", 5 * GIB)
+    await world.run_for(LOAD_S)
+    done = world.placer.snapshot()
+    assert [(d.device, d.reserved_bytes, d.free_bytes) for d in done.devices] == [
+        ("d0", 6 * GIB, 10 * GIB), ("d1", 5 * GIB, 3 * GIB)]
+    assert [(m.model, m.memory_bytes, m.load_s) for m in done.models] == [
+        ("a", 6 * GIB, LOAD_S), ("b", 5 * GIB, 1.25)]
