@@ -189,8 +189,10 @@ class Placer:
         self._costs.set_speed(device.name, speed)
 
     def remove_device(self, name: str) -> None:
-        """The device left (its replicas were removed by their balancers). A load in flight
-        there is orphaned (``_orphan``): its worker is closed when it comes, not routed to."""
+        """The device is leaving: call it before its balancers remove its replicas (which
+        waits for their drains), so nothing is placed there meanwhile. Its replicas are no
+        longer the placer's; a load in flight there is orphaned (``_orphan``): its worker is
+        closed when it comes, not routed to."""
         self.devices = [d for d in self.devices if d.name != name]
         for key in [key for key in self._replicas if key[1] == name]:
             self._orphan(key, self._replicas.pop(key))

@@ -303,14 +303,16 @@ class ModelManager:
 
     async def remove_device(self, name: str) -> None:
         """A device left: its replicas leave routing, their queued work moves to the others,
-        their running batches finish (or, if the device is gone, re-run elsewhere)."""
+        their running batches finish (or, if the device is gone, re-run elsewhere). The placer
+        forgets the device first: a drain may take a while, and a load it finished there
+        meanwhile would join routing on a device that is leaving."""
         async with self._lock:
             self._devices = [d for d in self._devices if d.name != name]
+            if self._placer is not None:
+                self._placer.remove_device(name)
             for model in list(self._table):
                 if await model.balancer.remove_device(name):
                     logger.info("model %s: replica on %s left", model.name, name)
-            if self._placer is not None:
-                self._placer.remove_device(name)
 
     def lost_devices(self) -> set[str]:
         """Devices whose replicas are out of routing (a lost worker that has not come back)."""
