@@ -18,9 +18,16 @@ PRIOR_PER_SAMPLE_S = 0.0002
 
 @dataclass(frozen=True, slots=True)
 class LatencyFit:
+    """``reliable``: the fit's predictions are trusted at every batch size (measured at two
+    sizes at least, and accurate lately). ``settled``: accurate lately at ``batch_size``, the
+    weighted mean size it was measured at, though perhaps at that size alone, where ``a`` and
+    ``c`` are split as the prior splits them (a replica held to batches of one by its SLO)."""
+
     base_s: float
     per_sample_s: float
     reliable: bool
+    settled: bool = False
+    batch_size: float = 1.0
 
     def predict_s(self, batch_size: int) -> float:
         return self.base_s + self.per_sample_s * batch_size
@@ -116,14 +123,20 @@ class LatencyModel:
         var_b = self._wbb / w - mean_b * mean_b
         if var_b < _MIN_SPREAD_SAMPLES2:
             # One batch size seen: keep the prior's split between fixed and per-sample cost.
-            prior_t = self._prior.predict_s(round(mean_b))
+            size = round(mean_b)
+            prior_t = self._prior.predict_s(size)
             scale = mean_t / prior_t if prior_t > 0 else 1.0
-            return LatencyFit(self._prior.base_s * scale, self._prior.per_sample_s * scale, False)
+            return LatencyFit(self._prior.base_s * scale, self._prior.per_sample_s * scale,
+                              reliable=False, settled=self._settled(), batch_size=size)
         per_sample = (self._wbt / w - mean_b * mean_t) / var_b
         base = mean_t - per_sample * mean_b
         if per_sample <= 0.0:  # noise made the slope vanish: charge everything per batch
             per_sample, base = 1e-9, mean_t
         elif base < 0.0:  # fit through the origin instead of a negative fixed cost
             per_sample, base = self._wbt / self._wbb, 0.0
-        reliable = w >= self._min_weight and self._mean_abs_error <= _MAX_RELIABLE_ERROR
-        return LatencyFit(base, per_sample, reliable)
+        settled = self._settled()
+        return LatencyFit(base, per_sample, reliable=settled, settled=settled,
+                          batch_size=mean_b)
+
+    def _settled(self) -> bool:
+        return self._w >= self._min_weight and self._mean_abs_error <= _MAX_RELIABLE_ERROR

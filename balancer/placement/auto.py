@@ -41,6 +41,7 @@ class AutoSettings:
     plan_interval_s: float = 10.0
     periodic_min_gain: float = 0.2
     confirm_s: float = 2.0
+    cost_factor: float = 1.5
     change: ChangeTest = field(default_factory=ChangeTest)
     settle_s: float = 2.0
     tuner_pause_s: float = 5.0
@@ -57,6 +58,7 @@ class AutoStrategy:
         self._changed_at_s: float | None = None  # when a big change was first seen
         self._moved_at_s = -math.inf  # when moves were last in flight
         self._gain_seen_at_s: float | None = None  # a periodic plan's gain, to be confirmed
+        self._planned_costs_s: dict[tuple[str, str], float] = {}  # one sample, at the last plan
 
     def moves(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
         now_s = view.now_s
@@ -78,11 +80,26 @@ class AutoStrategy:
         self._regime.add(view.demand_per_s)
         if view.moves_in_flight:
             return ()
+        if self._costs_moved(view):
+            demand_per_s = self._regime.mean_per_s()
+            return self._made(view, self._propose(view, self.settings.planner.min_gain,
+                                                  demand_per_s), "costs", demand_per_s)
         if now_s - self._planned_at_s >= self.settings.plan_interval_s:
             return self._plan_periodic(view)
         if now_s - self._moved_at_s >= self.settings.tuner_pause_s:
             return self._tune(view) or self._follow_overflow(view)
         return ()
+
+    def _costs_moved(self, view: PlacerView) -> bool:
+        """Whether a replica in routing costs ``cost_factor`` more or less than when the last
+        plan was made."""
+        for name, device in view.serving:
+            planned_s = self._planned_costs_s.get((name, device))
+            now_s = _one_sample_s(view, name, device)
+            if planned_s is not None and min(planned_s, now_s) > 0.0 and \
+                    max(planned_s, now_s) >= self.settings.cost_factor * min(planned_s, now_s):
+                return True
+        return False
 
     def _plan_periodic(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
         seen_at_s = self._gain_seen_at_s
@@ -108,6 +125,8 @@ class AutoStrategy:
         """Record that a plan was made, and return its moves."""
         self._planned_at_s = view.now_s
         self._changed_at_s = self._gain_seen_at_s = None
+        self._planned_costs_s = {(name, device): _one_sample_s(view, name, device)
+                                 for name, device in view.placement}
         if plan.moves:
             # Why replicas move: what the plan expects to gain, for which demand and costs.
             logger.info("placement plan (%s): headroom %.2f -> %.2f for %s samples/s; costs "
@@ -175,6 +194,10 @@ def _takes_busy_room(view: PlacerView, moves: Sequence[Move]) -> bool:
         return False
     serving = serving_replicas(view.placement, view.profiles, view.demand_per_s)
     return any(pair in serving for pair in drops)
+
+
+def _one_sample_s(view: PlacerView, name: str, device: str) -> float:
+    return view.profiles[name].costs[device].batch_s(1)
 
 
 def _rounded(values: Mapping[str, float]) -> str:

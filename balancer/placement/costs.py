@@ -7,28 +7,76 @@ from collections.abc import Mapping
 
 from evenflow.balancer.capacity import DeviceCost
 
+# A model's cost on a device moving by this factor at once is a step of the device (the latency
+# fits call a miss of 1.5x a surprise, three in a row a step), not noise.
+STEP_FACTOR = 1.5
+
 
 class CostBook:
     """A replica's reliable latency fit is its model's cost on that device, and is kept after
-    the replica leaves (the planner must price moving back). Where a model has never run, its
-    cost is its fastest measured one rescaled by how much slower the other device is: measured
-    by the models that have run on both (a device that slowed down shows in every model's fit
-    there), else from the declared speeds (``sim:SPEED``, 1 for real devices). A model measured
-    nowhere costs the ``prior`` given, at the device's declared speed."""
+    the replica leaves (the planner must price moving back). A fit measured at one batch size
+    only (a replica its SLO holds to batches of one, or one re-learning a device that slowed)
+    gives that size's cost and not how it splits: the cost known there (measured before, or
+    estimated) is rescaled to it (``observe_at``).
+
+    A device that slows down (or speeds up) does so for every model on it, while only the
+    models it still runs batches for re-learn their fits: a measured cost that steps by
+    ``STEP_FACTOR`` or more rescales the other models' measured costs on that device by the
+    same factor, until their own fits say otherwise. A fit is taken only when it has changed
+    since the replica last reported it, so a replica that runs nothing keeps no stale cost.
+
+    Where a model has never run, its cost is its fastest measured one rescaled by how much
+    slower the other device is: measured by the models that have run on both, else from the
+    declared speeds (``sim:SPEED``, 1 for real devices). A model measured nowhere costs the
+    ``prior`` given, at the device's declared speed."""
 
     def __init__(self, device_speeds: Mapping[str, float]) -> None:
         self._speeds = dict(device_speeds)
         self._measured: dict[tuple[str, str], DeviceCost] = {}
+        self._reported: dict[tuple[str, str], tuple[float, ...]] = {}
 
     def set_speed(self, device: str, speed: float) -> None:
         self._speeds[device] = speed
 
     def observe(self, model: str, device: str, base_s: float, per_sample_s: float) -> None:
-        self._measured[(model, device)] = DeviceCost(base_s, per_sample_s)
+        """A replica's reliable fit there."""
+        if self._fresh(model, device, (base_s, per_sample_s)):
+            self._set(model, device, DeviceCost(base_s, per_sample_s))
+
+    def observe_at(self, model: str, device: str, batch_size: int, latency_s: float,
+                   prior: DeviceCost) -> None:
+        """A batch of ``batch_size`` takes ``latency_s`` there now (the fit's split between
+        fixed and per-sample cost unknown): the cost as known, every part scaled to match."""
+        if not self._fresh(model, device, (batch_size, latency_s)):
+            return
+        known = self.cost(model, device, prior)
+        known_s = known.batch_s(batch_size)
+        scale = latency_s / known_s if known_s > 0.0 else 1.0
+        self._set(model, device, DeviceCost(known.base_s * scale, known.per_sample_s * scale,
+                                            known.speed))
+
+    def _fresh(self, model: str, device: str, report: tuple[float, ...]) -> bool:
+        fresh = self._reported.get((model, device)) != report
+        self._reported[(model, device)] = report
+        return fresh
+
+    def _set(self, model: str, device: str, cost: DeviceCost) -> None:
+        before = self._measured.get((model, device))
+        self._measured[(model, device)] = cost
+        if before is None or before.batch_s(1) <= 0.0 or cost.batch_s(1) <= 0.0:
+            return
+        factor = cost.batch_s(1) / before.batch_s(1)
+        if max(factor, 1.0 / factor) < STEP_FACTOR:
+            return
+        for (name, where), other in list(self._measured.items()):
+            if where == device and name != model:
+                self._measured[(name, where)] = DeviceCost(
+                    other.base_s * factor, other.per_sample_s * factor, other.speed)
 
     def forget(self, model: str) -> None:
         for key in [key for key in self._measured if key[0] == model]:
             del self._measured[key]
+            self._reported.pop(key, None)
 
     def cost(self, model: str, device: str, prior: DeviceCost) -> DeviceCost:
         measured = self._measured.get((model, device))

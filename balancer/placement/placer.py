@@ -56,6 +56,7 @@ from evenflow.balancer.placement.report import (
 from evenflow.balancer.placement.swaps import units
 from evenflow.balancer.placement.tuner import MoveBudget
 from evenflow.balancer.placement.view import PlacerView, Strategy
+from evenflow.balancer.stats import ReplicaSnapshot
 from evenflow.balancer.timebase import TimeSource, sleep_s
 
 logger = logging.getLogger(__name__)
@@ -277,15 +278,24 @@ class Placer:
     def _placement(self, *states: ReplicaState) -> Placement:
         return frozenset(key for key, r in self._replicas.items() if r.state in states)
 
+    def _observe_cost(self, name: str, model: _Model, replica: ReplicaSnapshot) -> None:
+        device = replica.devices[0]
+        if replica.fit_reliable:
+            self._costs.observe(name, device, replica.fit_base_s, replica.fit_per_sample_s)
+        elif replica.fit_settled:
+            size = max(1, round(replica.fit_batch_size))
+            self._costs.observe_at(name, device, size,
+                                   replica.fit_base_s + replica.fit_per_sample_s * size,
+                                   model.prior)
+
     def view(self) -> PlacerView:
         now_s = self._time.clock()
         mean_work: dict[str, float] = {}
         for name, model in self._models.items():
             works = []
             for replica in model.balancer.snapshot().replicas:
-                if replica.fit_reliable and len(replica.devices) == 1:
-                    self._costs.observe(name, replica.devices[0], replica.fit_base_s,
-                                        replica.fit_per_sample_s)
+                if len(replica.devices) == 1:
+                    self._observe_cost(name, model, replica)
                 if replica.healthy:
                     works.append(replica.outstanding_work_s)
             model.observe_demand(now_s)

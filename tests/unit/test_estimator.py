@@ -23,6 +23,21 @@ def test_single_batch_size_scales_prior_and_is_unreliable() -> None:
     fit = model.fit
     assert fit.predict_s(8) == pytest.approx(0.026)
     assert not fit.reliable
+    # Accurate at that size, though: settled there (the placement's cost book uses it).
+    assert fit.settled and fit.batch_size == 8
+
+
+def test_a_step_learned_at_one_batch_size_settles_there_without_being_reliable() -> None:
+    # A device slows 4x and its SLO now holds the replica to batches of one.
+    model = LatencyModel()
+    feed(model, 0.010, 0.002, [1, 4, 8, 16, 32, 2, 12, 6] * 5)
+    assert model.fit.reliable
+    feed(model, 0.040, 0.008, [1] * 3)
+    assert model.num_step_changes == 1 and not model.fit.settled  # not accurate lately yet
+    feed(model, 0.040, 0.008, [1] * 10)
+    fit = model.fit
+    assert fit.settled and not fit.reliable and fit.batch_size == 1
+    assert fit.predict_s(1) == pytest.approx(0.048)
 
 
 def test_step_change_is_learned_quickly() -> None:

@@ -5,6 +5,7 @@ given."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import random
 from collections.abc import Mapping
@@ -238,6 +239,26 @@ def test_a_periodic_gain_seen_again_in_a_disjoint_window_moves(
     # never changes, so it is found again after the next interval too).
     always = {tick * TICK_S for tick in range(18, 60)}
     assert periodic_moves(always, monkeypatch) == [14.0, 26.0]
+
+
+def slowed(factor: float, device: str = "d0") -> dict[str, ModelProfile]:
+    return {name: dataclasses.replace(profile, costs={
+        **profile.costs, device: DeviceCost(0.010 * factor, 0.002 * factor, 1.0)})
+        for name, profile in PROFILES.items()}
+
+
+@pytest.mark.parametrize(("factor", "planned_at_s"), [(4.0, [20.0]), (1.3, [])])
+def test_a_device_whose_costs_step_is_planned_for_at_once(
+        plans: PlanLog, factor: float, planned_at_s: list[float]) -> None:
+    # No periodic plan, no tuner, a steady mix: from 20 s d0 costs ``factor`` times as much.
+    strategy = only_big_changes()
+    demand = rates(FIRST, 180.0)
+    for tick in range(60):
+        plans.now_s = tick * TICK_S
+        profiles = PROFILES if plans.now_s < 20.0 else slowed(factor)
+        strategy.moves(PlacerView(plans.now_s, DEVICES, profiles, PLACED, PLACED, demand,
+                                  demand, {}, moves_left=30))
+    assert plans.at_s[1:] == planned_at_s  # after the first plan (from idle)
 
 
 def test_a_plan_that_moves_is_logged_with_why(monkeypatch: pytest.MonkeyPatch,

@@ -255,6 +255,36 @@ def test_cost_book_prefers_measurements_and_rescales_them() -> None:
     assert math.isclose(book.cost("m", "d0", prior).batch_s(1), prior.batch_s(1))
 
 
+def test_a_fit_at_one_batch_size_rescales_the_known_cost_there() -> None:
+    book = CostBook({"d0": 1.0, "d2": 0.5})
+    prior = DeviceCost(0.002, 0.0002)
+    book.observe("m", "d0", 0.010, 0.002)
+    # On d2 the model is estimated at 2x d0's cost; one-sample batches take 30 ms there.
+    book.observe_at("m", "d2", 1, 0.030, prior)
+    cost = book.cost("m", "d2", prior)
+    assert cost.batch_s(1) == pytest.approx(0.030)
+    assert cost.base_s / cost.per_sample_s == pytest.approx(5.0)  # d0's split, kept
+
+
+def test_a_device_that_steps_slower_for_one_model_is_slower_for_every_model_there() -> None:
+    book = CostBook({"d0": 1.0, "d1": 1.0})
+    prior = DeviceCost(0.002, 0.0002)
+    book.observe("a", "d0", 0.010, 0.002)
+    book.observe("b", "d0", 0.020, 0.004)
+    book.observe("b", "d1", 0.020, 0.004)
+    book.observe_at("a", "d0", 1, 0.048, prior)  # a re-learned d0 at 4x
+    assert book.cost("b", "d0", prior).batch_s(1) == pytest.approx(0.096)
+    assert book.cost("b", "d1", prior).batch_s(1) == pytest.approx(0.024)  # another device
+    # b's replica on d0 reports its old fit again, unchanged (it ran nothing meanwhile): that
+    # is no measurement, and the slowdown stands.
+    book.observe("b", "d0", 0.020, 0.004)
+    assert book.cost("b", "d0", prior).batch_s(1) == pytest.approx(0.096)
+    # Its fit moves: that is a measurement, and it is b's cost there (a small move, no step).
+    book.observe("b", "d0", 0.080, 0.014)
+    assert book.cost("b", "d0", prior).batch_s(1) == pytest.approx(0.094)
+    assert book.cost("a", "d0", prior).batch_s(1) == pytest.approx(0.048)
+
+
 def test_candidate_moves_come_in_the_same_order_whatever_the_string_hashes() -> None:
     # The greedy search keeps the first of equally good moves, so their order decides the plan;
     # a frozenset's order follows string hashes, which differ between processes.
