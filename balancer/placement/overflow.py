@@ -16,9 +16,12 @@ the headroom sits at the same load, so ties go to the model with the fewest serv
 device does), then to the larger demand, then to the name.
 
 A device's overflow replica changes model only for a clearly needier one: a load 1.5x the
-holder's, or with loads within that, 1.5x its demand. A swap costs a load time, and the
-planner's demand is a short window's: a model's load moves a step or two from one window to
-the next, which must not move a replica back and forth.
+holder's, or with loads within that, 1.5x its demand; and never for a model under half its
+capacity, whose replicas rarely back up. A swap costs a load time, and the planner's demand is
+a short window's: a model's load moves a step or two from one window to the next, which must
+not move a replica back and forth. Nor must the program's indifference: a model that does not
+limit the headroom may get any capacity beyond its demand, so light loads differ by more than
+1.5x from one solution to the next.
 """
 
 from __future__ import annotations
@@ -43,8 +46,9 @@ from evenflow.balancer.placement.planner import Plan
 LOAD_STEP = 0.05
 
 # A model takes a device's overflow replica from another only with this much more load, or,
-# with loads within it, this much more demand.
+# with loads within it, this much more demand; and only at this load or more.
 SWAP_RATIO = 1.5
+SWAP_MIN_LOAD = 0.5
 
 Need = tuple[float, int, float, str]  # sorts neediest first
 
@@ -78,7 +82,9 @@ def _need(demand: _Demand, serving: int, name: str) -> Need:
 
 def _clearly_needier(demand: _Demand, other: _Demand) -> bool:
     """A load ``SWAP_RATIO`` times the other's, or with loads within that, a demand that
-    much larger (the module's docstring)."""
+    much larger; at ``SWAP_MIN_LOAD`` or more (the module's docstring)."""
+    if demand.load < SWAP_MIN_LOAD:
+        return False
     if math.isinf(demand.load) and math.isinf(other.load):  # neither has capacity elsewhere
         return demand.rate_per_s >= SWAP_RATIO * other.rate_per_s
     if demand.load >= SWAP_RATIO * other.load:

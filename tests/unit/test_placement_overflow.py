@@ -75,6 +75,14 @@ def test_the_overflow_replica_follows_a_clearly_needier_model_only() -> None:
     assert all(device != "d3" for _, device in drops + adds)
 
 
+def test_a_lightly_loaded_model_takes_no_overflow_replica_however_much_needier() -> None:
+    held = PLACED | {("a", "d3")}
+    light = {name: rate / 20.0 for name, rate in B_HOT.items()}  # b 12 samples/s, a 4
+    assert overflow_changes(held, DEVICES, PROFILES, light) == ([], [])
+    # A free device still gets one: nothing is dropped for it.
+    assert overflow_changes(PLACED, DEVICES, PROFILES, light) == ([], [("b", "d3")])
+
+
 def test_an_overflow_replica_that_is_its_models_only_one_stays() -> None:
     only_there = frozenset({("b", "d0"), ("c", "d1"), ("a", "d3")})
     assert overflow_changes(only_there, DEVICES, PROFILES, B_HOT)[0] == []
