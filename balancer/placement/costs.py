@@ -51,9 +51,9 @@ class CostBook:
             return
         known = self.cost(model, device, prior)
         known_s = known.batch_s(batch_size)
-        scale = latency_s / known_s if known_s > 0.0 else 1.0
-        self._set(model, device, DeviceCost(known.base_s * scale, known.per_sample_s * scale,
-                                            known.speed))
+        scale = (latency_s / known_s if known_s > 0.0 else 1.0) / known.speed
+        # Measured costs are kept at speed 1 (the speed folded in): the estimates read them so.
+        self._set(model, device, DeviceCost(known.base_s * scale, known.per_sample_s * scale))
 
     def _fresh(self, model: str, device: str, report: tuple[float, ...]) -> bool:
         fresh = self._reported.get((model, device)) != report
@@ -70,8 +70,8 @@ class CostBook:
             return
         for (name, where), other in list(self._measured.items()):
             if where == device and name != model:
-                self._measured[(name, where)] = DeviceCost(
-                    other.base_s * factor, other.per_sample_s * factor, other.speed)
+                self._measured[(name, where)] = DeviceCost(other.base_s * factor,
+                                                           other.per_sample_s * factor)
 
     def forget(self, model: str) -> None:
         for key in [key for key in self._measured if key[0] == model]:

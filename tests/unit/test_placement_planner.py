@@ -266,6 +266,17 @@ def test_a_fit_at_one_batch_size_rescales_the_known_cost_there() -> None:
     assert cost.base_s / cost.per_sample_s == pytest.approx(5.0)  # d0's split, kept
 
 
+def test_a_model_measured_only_at_one_size_on_a_slow_device_is_estimated_right_elsewhere(
+) -> None:
+    # Its only measurement is rescaled from the prior at the device's declared speed: the
+    # estimate on a device four times as fast must be a quarter of it, not a sixteenth.
+    book = CostBook({"fast": 1.0, "slow": 0.25})
+    prior = DeviceCost(0.010, 0.002)
+    book.observe_at("m", "slow", 1, 0.048, prior)
+    assert book.cost("m", "slow", prior).batch_s(1) == pytest.approx(0.048)
+    assert book.cost("m", "fast", prior).batch_s(1) == pytest.approx(0.012)
+
+
 def test_a_device_that_steps_slower_for_one_model_is_slower_for_every_model_there() -> None:
     book = CostBook({"d0": 1.0, "d1": 1.0})
     prior = DeviceCost(0.002, 0.0002)
