@@ -82,7 +82,7 @@ class AutoStrategy:
             return ()
         if self._costs_moved(view):
             demand_per_s = self._regime.mean_per_s()
-            return self._made(view, self._propose(view, self.settings.planner.min_gain,
+            return self._made(view, self._propose(view, self.settings.periodic_min_gain,
                                                   demand_per_s), "costs", demand_per_s)
         if now_s - self._planned_at_s >= self.settings.plan_interval_s:
             return self._plan_periodic(view)
