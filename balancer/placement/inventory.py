@@ -21,9 +21,8 @@ UNLIMITED_BYTES = 1 << 62
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """A device and the memory its replicas may use: declared in the configuration, else for
-    a GPU 90 % of its total as torch reports it (with thread workers no more than was free at
-    start; ``server/engine/placement.device_memory_bytes``); a ``sim`` device's is declared,
-    or ``UNLIMITED_BYTES``."""
+    a GPU 90 % of its total, no more than was free at start where that is known
+    (``server/engine/device_memory``); a ``sim`` device's is declared, or ``UNLIMITED_BYTES``."""
 
     name: str
     memory_bytes: int

@@ -97,7 +97,7 @@ FLAGS: dict[str, list[Flag]] = {
              "within each device's memory as the demand changes", choices=PLACEMENTS),
         Flag("--device-memory", "devices.memory",
              "memory replicas may use per device, e.g. sim0=16GiB,sim2=8GiB (default: a GPU's "
-             "total less a tenth, with thread workers at most its free memory at start; the "
+             "total less a tenth, at most its free memory at start where that is known; the "
              "machine's RAM for cpu; no limit for sim)", _memory),
         Flag("--encoder-size", "builtins.encoder_size",
              "built-in encoder size (bert-base: 12 layers, 768 wide, seq 128)",

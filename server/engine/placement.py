@@ -1,11 +1,11 @@
 """The engine's side of ``--placement auto``: what the placer needs to know of each device and
-model (memory, speed, the batch cost before any is measured), and the placer itself."""
+model (speed, a replica's footprint, the batch cost before any is measured), and the placer
+itself. How much memory each device offers is ``engine.device_memory``'s."""
 
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 
@@ -13,30 +13,20 @@ from evenflow.balancer import EvenflowError, WorkerStatus
 from evenflow.balancer.capacity import DeviceCost, rate_within_per_s
 from evenflow.balancer.errors import ErrorCode
 from evenflow.balancer.placement.auto import AutoStrategy
-from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile
+from evenflow.balancer.placement.inventory import ModelProfile
 from evenflow.balancer.placement.placer import Placer, ReplicaLoader
 from evenflow.balancer.timebase import LoopTime
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
+from evenflow.server.engine.device_memory import device_infos
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.thread_host import TORCH_DTYPES
 
 logger = logging.getLogger(__name__)
 
-# A sim device declares no memory unless told to: placement is then bounded by replica counts.
-UNLIMITED_BYTES = 1 << 62
-# What a GPU's replicas may use of its total memory. The rest is for what no replica's
-# footprint counts: each process's CUDA context (a few hundred MiB per process and GPU, and
-# worker processes each have their own), the caching allocator's fragmentation and the
-# blocks it keeps cached between batches, and the library workspaces (cuBLAS, cuDNN) allocated
-# outside the allocator's statistics.
-GPU_USABLE = 0.9
 # Where a replica measures its activation peak (``workers.activation_peak``: CUDA's allocator
 # statistics); elsewhere its footprint is its parameters and buffers unless declared.
 MEASURED_KINDS = frozenset({"cuda"})
-
-# A GPU's (free, total) bytes, by CUDA ordinal.
-CudaMemoryQuery = Callable[[int], tuple[int, int]]
 
 
 class PlacementRefused(EvenflowError):
@@ -46,52 +36,6 @@ class PlacementRefused(EvenflowError):
     def __init__(self, message: str, code: ErrorCode) -> None:
         super().__init__(message)
         self.code = code
-
-
-def cuda_free_and_total(index: int) -> tuple[int, int]:
-    """The GPU's free memory now, as the driver counts it (every process's allocations, this
-    one's included), and its total. Asking creates this process's CUDA context on the GPU."""
-    free, total = torch.cuda.mem_get_info(index)
-    return int(free), int(total)
-
-
-def cuda_total(index: int) -> tuple[int, int]:
-    """The GPU's total memory, as free and total: asked without creating a CUDA context, so
-    other processes' use of the GPU is not seen."""
-    total = int(torch.cuda.get_device_properties(index).total_memory)
-    return total, total
-
-
-def cuda_memory_query(config: ServerConfig) -> CudaMemoryQuery:
-    """With thread workers this process runs the replicas, so it needs a CUDA context on each
-    GPU anyway, and asking for the free memory at start costs nothing: the memory other
-    processes hold then is left out. Worker processes (or Ray actors) hold their own contexts,
-    and a context made here only to ask would take a few hundred MiB of each GPU for good, so
-    there only the total is known."""
-    return cuda_free_and_total if config.workers == "thread" else cuda_total
-
-
-def device_memory_bytes(device: DeviceSpec, declared: Mapping[str, int],
-                        cuda_memory: CudaMemoryQuery = cuda_total) -> int:
-    """The memory replicas may use on ``device``: the declared figure; for a GPU, the smaller
-    of its free memory (where ``cuda_memory`` knows it) and ``GPU_USABLE`` of its total (the
-    rest is for what no footprint counts, see there); the machine's RAM for a CPU; no limit
-    for a sim device."""
-    if device.name in declared:
-        return declared[device.name]
-    if device.kind == "cuda":
-        free, total = cuda_memory(device.index)
-        return min(free, int(total * GPU_USABLE))
-    if device.kind == "cpu":
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return UNLIMITED_BYTES
-
-
-def device_infos(devices: Sequence[DeviceSpec], config: ServerConfig,
-                 cuda_memory: CudaMemoryQuery | None = None) -> list[DeviceInfo]:
-    query = cuda_memory or cuda_memory_query(config)
-    return [DeviceInfo(d.name, device_memory_bytes(d, config.device_memory_bytes, query))
-            for d in devices]
 
 
 def prior_cost(model: ModelConfig, definition: ModelDefinition) -> DeviceCost:

@@ -110,6 +110,20 @@ def _nvml_devices(nvml: Any) -> list[tuple[Any, str]]:
     return devices
 
 
+def handles_by_cuda_ordinal(nvml: Any, cuda_uuids: Sequence[str | bytes]
+                            ) -> tuple[dict[int, Any], list[str]]:
+    """NVML's handle for each device CUDA shows this process, by CUDA ordinal, matched by UUID
+    (a MIG instance through its own handle); and the UUIDs (normalized) of NVML's devices CUDA
+    does not show. Also what ``engine.device_memory`` asks a GPU's free memory through."""
+    devices = _nvml_devices(nvml)
+    ordinals = cuda_ordinals([uuid for _, uuid in devices], cuda_uuids)
+    handles = {ordinal: handle for (handle, _), ordinal in zip(devices, ordinals, strict=True)
+               if ordinal is not None}
+    unseen = [normalized_uuid(uuid) for (_, uuid), ordinal in zip(devices, ordinals, strict=True)
+              if ordinal is None]
+    return handles, unseen
+
+
 class NvmlSampler:
     """Samples every GPU every ``interval_s`` on the event loop (an NVML query costs ~2 us).
     ``cuda_uuids``: the UUIDs of CUDA's devices by ordinal (torch's, unless a test's)."""
@@ -127,8 +141,8 @@ class NvmlSampler:
     def _named_handles(nvml: Any, cuda_uuids: Callable[[], Sequence[str]]
                        ) -> list[tuple[str, Any]]:
         try:
-            devices = _nvml_devices(nvml)
             cuda = list(cuda_uuids())
+            handles, unseen = handles_by_cuda_ordinal(nvml, cuda) if cuda else ({}, [])
         except Exception as exc:  # no UUIDs to match: NVML's own order is all there is
             logger.info("NVML: cannot match GPUs to CUDA ordinals by UUID (%s); named by NVML "
                         "index", exc)
@@ -136,17 +150,10 @@ class NvmlSampler:
         if not cuda:
             count = nvml.nvmlDeviceGetCount()
             return [(f"cuda{i}", nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
-        ordinals = cuda_ordinals([uuid for _, uuid in devices], cuda)
-        named = sorted((ordinal, handle) for (handle, _), ordinal in zip(devices, ordinals,
-                                                                           strict=True)
-                       if ordinal is not None)
-        unseen = [normalized_uuid(uuid) for (_, uuid), ordinal in zip(devices, ordinals,
-                                                                       strict=True)
-                  if ordinal is None]
         if unseen:
             logger.info("NVML: not sampling %d device(s) CUDA does not show this process "
                         "(UUIDs %s)", len(unseen), ", ".join(unseen))
-        return [(f"cuda{ordinal}", handle) for ordinal, handle in named]
+        return [(f"cuda{ordinal}", handles[ordinal]) for ordinal in sorted(handles)]
 
     @classmethod
     def open(cls, interval_s: float = 0.25) -> NvmlSampler | None:

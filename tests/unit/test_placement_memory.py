@@ -1,7 +1,8 @@
-"""The memory ``--placement auto`` counts for devices and replicas (``engine.placement``) and how
-the model manager reserves it: parameters at the dtype served, a GPU's usable memory, pins that
-cannot hold a replica, the reservation while a model's first replicas warm up, the warning when
-nothing was measured, and an unload that the placer lets go of before the model closes."""
+"""The memory ``--placement auto`` counts for replicas (``engine.placement``; a device's is in
+``test_device_memory``) and how the model manager reserves it: parameters at the dtype served,
+pins that cannot hold a replica, the reservation while a model's first replicas warm up, the
+warning when nothing was measured, and an unload that the placer lets go of before the model
+closes."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from evenflow.server.engine import model_control, placement
 from evenflow.server.engine.model_control import ModelControlError, ModelManager
 from evenflow.server.engine.served import ModelTable, ServedModel
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
-from evenflow.server.workers.devices import DeviceSpec, parse_devices
+from evenflow.server.workers.devices import parse_devices
 from evenflow.server.workers.worker_spec import WorkerSpec
 from tests.fakes import FakeWorker
 
@@ -70,28 +71,6 @@ def test_parameters_count_in_the_dtype_each_device_serves_them_in() -> None:
     assert placement.replica_parameter_bytes(definition, gpus + cpu, "bfloat16") == \
         floats * 4 + ints * 8
     assert next(definition.module.parameters()).dtype == torch.float32  # left as it was
-
-
-def test_a_gpu_offers_the_lesser_of_its_free_memory_and_its_total_less_a_tenth() -> None:
-    gpu = DeviceSpec("cuda", 1, "cuda1")
-    asked: list[int] = []
-
-    def query(free: int, total: int) -> Callable[[int], tuple[int, int]]:
-        def ask(index: int) -> tuple[int, int]:
-            asked.append(index)
-            return free, total
-        return ask
-
-    assert placement.device_memory_bytes(gpu, {}, query(80 * GIB, 80 * GIB)) == int(72 * GIB)
-    # Another process holds 30 GiB of it.
-    assert placement.device_memory_bytes(gpu, {}, query(50 * GIB, 80 * GIB)) == 50 * GIB
-    assert asked == [1, 1]
-    assert placement.device_memory_bytes(gpu, {"cuda1": 7 * GIB}, query(0, 0)) == 7 * GIB
-    # Thread workers share this process's CUDA context, so asking for the free memory is free;
-    # worker processes have their own, and one made here only to ask would cost the GPU.
-    assert placement.cuda_memory_query(ServerConfig(workers="thread")) is \
-        placement.cuda_free_and_total
-    assert placement.cuda_memory_query(ServerConfig(workers="process")) is placement.cuda_total
 
 
 def template(pinned: Sequence[str], memory_bytes: int) -> ModelProfile:
