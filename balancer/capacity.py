@@ -28,7 +28,7 @@ class DeviceCost:
     per_sample_s: float
     speed: float = 1.0
 
-    def batch_s(self, batch_size: int) -> float:
+    def batch_s(self, batch_size: float) -> float:
         return (self.base_s + self.per_sample_s * batch_size) / self.speed
 
 

@@ -19,15 +19,18 @@ PRIOR_PER_SAMPLE_S = 0.0002
 @dataclass(frozen=True, slots=True)
 class LatencyFit:
     """``reliable``: the fit's predictions are trusted at every batch size (measured at two
-    sizes at least, and accurate lately). ``settled``: accurate lately at ``batch_size``, the
-    weighted mean size it was measured at, though perhaps at that size alone, where ``a`` and
-    ``c`` are split as the prior splits them (a replica held to batches of one by its SLO)."""
+    sizes at least, and accurate lately). ``settled``: accurate lately at the sizes it was
+    measured at, though perhaps at one size alone, where ``a`` and ``c`` are split as the prior
+    splits them (a replica held to batches of one by its SLO); ``batch_size`` and
+    ``latency_s`` are those measurements' weighted means, a point any linear cost of the
+    replica passes through."""
 
     base_s: float
     per_sample_s: float
     reliable: bool
     settled: bool = False
-    batch_size: float = 1.0
+    batch_size: float = 0.0
+    latency_s: float = 0.0
 
     def predict_s(self, batch_size: int) -> float:
         return self.base_s + self.per_sample_s * batch_size
@@ -127,7 +130,8 @@ class LatencyModel:
             prior_t = self._prior.predict_s(size)
             scale = mean_t / prior_t if prior_t > 0 else 1.0
             return LatencyFit(self._prior.base_s * scale, self._prior.per_sample_s * scale,
-                              reliable=False, settled=self._settled(), batch_size=size)
+                              reliable=False, settled=self._settled(), batch_size=mean_b,
+                              latency_s=mean_t)
         per_sample = (self._wbt / w - mean_b * mean_t) / var_b
         base = mean_t - per_sample * mean_b
         if per_sample <= 0.0:  # noise made the slope vanish: charge everything per batch
@@ -136,7 +140,7 @@ class LatencyModel:
             per_sample, base = self._wbt / self._wbb, 0.0
         settled = self._settled()
         return LatencyFit(base, per_sample, reliable=settled, settled=settled,
-                          batch_size=mean_b)
+                          batch_size=mean_b, latency_s=mean_t)
 
     def _settled(self) -> bool:
         return self._w >= self._min_weight and self._mean_abs_error <= _MAX_RELIABLE_ERROR

@@ -308,6 +308,7 @@ class Replica:
             batch_size=self._controller.batch_size, fit_base_s=fit.base_s,
             fit_per_sample_s=fit.per_sample_s, fit_reliable=fit.reliable,
             fit_settled=fit.settled, fit_batch_size=fit.batch_size,
+            fit_latency_s=fit.latency_s,
             num_batches=self.stats.num_batches, num_samples=self.stats.num_samples,
             num_requests=self.stats.num_requests,
             num_stolen_requests=self.stats.num_stolen_requests,

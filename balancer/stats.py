@@ -287,9 +287,11 @@ class ReplicaSnapshot:
     unusable_reason: str = ""  # why the replica is out of routing for good (a lost device)
     num_requests: int = 0  # answered by its batches
     turn_wait_s: float = 0.0  # waiting for a turn on a device shared with other models
-    # The fit is accurate lately at this batch size, perhaps at it alone (``LatencyFit``).
+    # The fit is accurate lately, perhaps at one batch size alone; its measurements' weighted
+    # mean batch size and latency (``LatencyFit``).
     fit_settled: bool = False
-    fit_batch_size: float = 1.0
+    fit_batch_size: float = 0.0
+    fit_latency_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,10 +43,12 @@ class CostBook:
         if self._fresh(model, device, (base_s, per_sample_s)):
             self._set(model, device, DeviceCost(base_s, per_sample_s))
 
-    def observe_at(self, model: str, device: str, batch_size: int, latency_s: float,
+    def observe_at(self, model: str, device: str, batch_size: float, latency_s: float,
                    prior: DeviceCost) -> None:
-        """A batch of ``batch_size`` takes ``latency_s`` there now (the fit's split between
-        fixed and per-sample cost unknown): the cost as known, every part scaled to match."""
+        """Batches of ``batch_size`` on average take ``latency_s`` there now (the fit's split
+        between fixed and per-sample cost unknown): the cost as known, every part scaled to
+        match. A linear cost's mean over the batches is its value at their mean size, so a
+        mean over batches of one and two is as exact as either."""
         if not self._fresh(model, device, (batch_size, latency_s)):
             return
         known = self.cost(model, device, prior)

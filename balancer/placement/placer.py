@@ -283,9 +283,7 @@ class Placer:
         if replica.fit_reliable:
             self._costs.observe(name, device, replica.fit_base_s, replica.fit_per_sample_s)
         elif replica.fit_settled:
-            size = max(1, round(replica.fit_batch_size))
-            self._costs.observe_at(name, device, size,
-                                   replica.fit_base_s + replica.fit_per_sample_s * size,
+            self._costs.observe_at(name, device, replica.fit_batch_size, replica.fit_latency_s,
                                    model.prior)
 
     def view(self) -> PlacerView:

@@ -266,6 +266,16 @@ def test_a_fit_at_one_batch_size_rescales_the_known_cost_there() -> None:
     assert cost.base_s / cost.per_sample_s == pytest.approx(5.0)  # d0's split, kept
 
 
+def test_a_mean_over_batches_of_one_and_two_rescales_exactly() -> None:
+    # Batches of one (48 ms) and, a tenth of the time, two (56 ms) on a speed-0.25 device: at
+    # a 100 ms SLO one-sample batches fit twice (96 ms); the cost at one must read 48 ms, not
+    # the mean latency (48.8 ms) taken as one sample's.
+    book = CostBook({"slow": 0.25})
+    prior = DeviceCost(0.010, 0.002)
+    book.observe_at("m", "slow", 1.1, 0.9 * 0.048 + 0.1 * 0.056, prior)
+    assert book.cost("m", "slow", prior).batch_s(1) == pytest.approx(0.048)
+
+
 def test_a_model_measured_only_at_one_size_on_a_slow_device_is_estimated_right_elsewhere(
 ) -> None:
     # Its only measurement is rescaled from the prior at the device's declared speed: the
