@@ -279,6 +279,8 @@ class Placer:
         return frozenset(key for key, r in self._replicas.items() if r.state in states)
 
     def _observe_cost(self, name: str, model: _Model, replica: ReplicaSnapshot) -> None:
+        """The replica's fit as its model's cost there (``CostBook``): the whole fit where it is
+        reliable, else its measurements' mean where it has settled at one batch size."""
         device = replica.devices[0]
         if replica.fit_reliable:
             self._costs.observe(name, device, replica.fit_base_s, replica.fit_per_sample_s)
