@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
@@ -41,7 +42,10 @@ async def still_serves(client: AsyncClient) -> None:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def mlp(server_mode: str
               ) -> AsyncIterator[tuple[pb_grpc.GRPCInferenceServiceStub, AsyncClient]]:
-    async with running_app(max_message_bytes=1 << 20) as (_, url), AsyncClient(url) as client:
+    # ``failing`` beside ``mlp``: a model that raises must not stop the server serving ``mlp``.
+    models = (("mlp", "mlp"), ("failing", "tests.fixture_models:failing"))
+    async with running_app(models, max_message_bytes=1 << 20) as (_, url), \
+            AsyncClient(url) as client:
         channel = grpc.aio.insecure_channel(url, options=[
             ("grpc.max_send_message_length", 1 << 24)])
         yield pb_grpc.GRPCInferenceServiceStub(channel), client
@@ -126,15 +130,14 @@ async def test_client_errors_carry_the_code(mlp) -> None:
         await client.model_metadata("nope")
 
 
-async def test_model_exception_is_internal_and_server_keeps_serving() -> None:
-    models = (("mlp", "mlp"), ("failing", "tests.fixture_models:failing"))
-    async with running_app(models) as (_, url), AsyncClient(url) as client:
-        poisoned = np.array([[13.0, 0, 0, 0]], np.float32)
-        with pytest.raises(ServerInternalError, match="poisoned input"):
-            await client.infer("failing", {"x": poisoned}, timeout_s=10)
-        fine = await client.infer("failing", {"x": np.ones((1, 4), np.float32)}, timeout_s=10)
-        np.testing.assert_array_equal(fine["y"], np.full((1, 4), 2.0, np.float32))
-        await still_serves(client)
+async def test_model_exception_is_internal_and_server_keeps_serving(mlp) -> None:
+    _, client = mlp
+    poisoned = np.array([[13.0, 0, 0, 0]], np.float32)
+    with pytest.raises(ServerInternalError, match="poisoned input"):
+        await client.infer("failing", {"x": poisoned}, timeout_s=10)
+    fine = await client.infer("failing", {"x": np.ones((1, 4), np.float32)}, timeout_s=10)
+    np.testing.assert_array_equal(fine["y"], np.full((1, 4), 2.0, np.float32))
+    await still_serves(client)
 
 
 class SubmitSpy:
@@ -182,8 +185,12 @@ class DeviceGate:
         await self._worker.set_device_fault("sim0", "clear", 0)
 
 
-@pytest_asyncio.fixture(loop_scope="module")
-async def gated() -> AsyncIterator[tuple[AsyncClient, ModelBalancer, SubmitSpy, DeviceGate]]:
+Gated = tuple[AsyncClient, ModelBalancer, SubmitSpy, DeviceGate]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def gated_server(server_mode: str) -> AsyncIterator[Gated]:
+    """One server per mode for the gated tests; ``gated`` closes its gate for each test."""
     models = (("mlp", "mlp"), ("gated", "sim"))
     # The gate makes batch times whatever the test holds them for: no time-based admission.
     config = BalancerConfig(max_wait_s=0.0, max_queued_requests=1, adaptive_batching=False,
@@ -193,10 +200,36 @@ async def gated() -> AsyncIterator[tuple[AsyncClient, ModelBalancer, SubmitSpy, 
             AsyncClient(url) as client:
         balancer = app.models.get("gated").balancer  # type: ignore[union-attr]
         gate = DeviceGate(balancer.replicas[0].worker)
-        await gate.close()
         spy = SubmitSpy(balancer)
         yield client, balancer, spy, gate
-        await gate.open()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def gated(gated_server: Gated) -> AsyncIterator[Gated]:
+    """The shared gated server with its gate closed, and nothing seen yet by this test: the
+    tests count what ran from their own start (``since``)."""
+    _, _, spy, gate = gated_server
+    gate.entered.clear()
+    spy.admitted.clear()
+    await gate.close()
+    yield gated_server
+    await gate.open()
+
+
+Counts = tuple[int, int, Counter[str]]  # samples run, batches run, refusals by reason
+
+
+def counts(balancer: ModelBalancer) -> Counts:
+    counters = balancer.counters
+    return counters.inference_count, counters.execution_count, Counter(counters.rejected)
+
+
+def since(before: Counts, balancer: ModelBalancer) -> tuple[int, int, dict[str, int]]:
+    """What ran, and what was refused, since ``before`` was counted."""
+    samples, batches, rejected = counts(balancer)
+    return (samples - before[0], batches - before[1],
+            {reason: n - before[2][reason] for reason, n in rejected.items()
+             if n != before[2][reason]})
 
 
 async def hold_worker(client: AsyncClient, spy: SubmitSpy,
@@ -211,6 +244,7 @@ async def hold_worker(client: AsyncClient, spy: SubmitSpy,
 
 async def test_deadline_exceeded_drops_queued_work(gated) -> None:
     client, balancer, spy, gate = gated
+    before = counts(balancer)
     first = await hold_worker(client, spy, gate)
     with pytest.raises(DeadlineExceededError):
         await client.infer("gated", {"x": np.zeros((1, 256), np.float32)}, timeout_s=0.3)
@@ -218,12 +252,12 @@ async def test_deadline_exceeded_drops_queued_work(gated) -> None:
     await first
     await client.infer("gated", {"x": np.ones((1, 256), np.float32)}, timeout_s=10)
     # The expired request never ran: two requests ran, in two batches.
-    assert balancer.counters.inference_count == 2
-    assert balancer.counters.execution_count == 2
+    assert since(before, balancer)[:2] == (2, 2)
 
 
 async def test_client_cancellation_drops_queued_work(gated) -> None:
     client, balancer, spy, gate = gated
+    before = counts(balancer)
     first = await hold_worker(client, spy, gate)
     second = asyncio.create_task(client.infer("gated", {"x": np.zeros((1, 256), np.float32)}))
     queued = await spy.next_admitted()
@@ -234,13 +268,14 @@ async def test_client_cancellation_drops_queued_work(gated) -> None:
     assert queued.cancelled()
     await gate.open()
     await first
-    assert balancer.counters.inference_count == 1  # the cancelled request never ran
+    assert since(before, balancer)[0] == 1  # the cancelled request never ran
     with pytest.raises(asyncio.CancelledError):
         await second
 
 
 async def test_full_queue_is_resource_exhausted(gated) -> None:
     client, balancer, spy, gate = gated
+    before = counts(balancer)
     first = await hold_worker(client, spy, gate)
     second = asyncio.create_task(client.infer("gated", {"x": np.ones((1, 256), np.float32)}))
     await spy.next_admitted()
@@ -249,11 +284,11 @@ async def test_full_queue_is_resource_exhausted(gated) -> None:
     await gate.open()
     await first
     await second
-    assert balancer.counters.rejected == {"queue_full": 1}
+    assert since(before, balancer)[2] == {"queue_full": 1}
 
 
 async def test_a_bug_in_the_server_answers_internal_and_the_server_keeps_serving(
-        monkeypatch: pytest.MonkeyPatch, server_mode: str) -> None:
+        mlp, monkeypatch: pytest.MonkeyPatch, server_mode: str) -> None:
     if "frontends" in server_mode:
         pytest.skip("patches the edge's encoder in this process; with --frontends the edge "
                     "runs in the front-end processes")
@@ -268,15 +303,12 @@ async def test_a_bug_in_the_server_answers_internal_and_the_server_keeps_serving
         return real_encode(request, specs, chosen, arrays)
 
     monkeypatch.setattr(codec, "encode_response", encode_or_fail)
-    async with running_app((("sim", "sim"),), devices="sim:1",
-                           sim_profile=SimProfile(base_ms=0.0, per_sample_ms=0.0)) as (_, url), \
-            AsyncClient(url) as client:
-        x = np.ones((1, 256), np.float32)
-        with pytest.raises(ServerInternalError, match="internal server error"):
-            await client.infer("sim", {"x": x}, request_id="boom")
-        assert (await client.infer("sim", {"x": x}))["y"].shape == (1, 256)
-        # Over a stream the failing request (id "1") is answered too, and the stream goes on.
-        answers = {r.request_id: r async for r in client.stream_infer("sim", [{"x": x}] * 3)}
-        assert set(answers) == {"0", "1", "2"}
-        assert isinstance(answers["1"].error, ServerInternalError)
-        assert answers["0"].error is None and answers["2"].error is None
+    _, client = mlp
+    with pytest.raises(ServerInternalError, match="internal server error"):
+        await client.infer("mlp", {"x": X}, request_id="boom")
+    assert (await client.infer("mlp", {"x": X}))["y"].shape == (1, 256)
+    # Over a stream the failing request (id "1") is answered too, and the stream goes on.
+    answers = {r.request_id: r async for r in client.stream_infer("mlp", [{"x": X}] * 3)}
+    assert set(answers) == {"0", "1", "2"}
+    assert isinstance(answers["1"].error, ServerInternalError)
+    assert answers["0"].error is None and answers["2"].error is None

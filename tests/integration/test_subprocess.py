@@ -18,16 +18,18 @@ from evenflow.proto import evenflow_pb2, evenflow_pb2_grpc
 from tests.integration.test_infer import mlp_reference
 from tests.servers import TESTS_DIR, perf_analyzer_command
 
-# slow: `evenflow serve` processes, perf_analyzer and the CLI.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120),
-              pytest.mark.usefixtures("server_mode")]
+# slow: `evenflow serve` processes, perf_analyzer and the CLI. The tests that serve run in every
+# process model (``server_mode``, through ``mlp_server`` or marked); the bad command lines exit
+# before anything is served, the same in every mode, so they run once.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+in_every_mode = pytest.mark.usefixtures("server_mode")
 
 
 @pytest.fixture(scope="module")
 def mlp_server(server_mode, server_factory):  # type: ignore[no-untyped-def]
     # Compatibility, not admission: no time bound that a loaded machine could trip.
     return server_factory("--model", "mlp", "--devices", "cpu", "--max-wait-ms", "0",
-                          "--max-queue-delay-ms", "inf")
+                          "--max-queue-delay-ms", "inf", "--metrics-port", "0")
 
 
 def test_tritonclient_calls_evenflow_unchanged(mlp_server, tmp_path: Path) -> None:
@@ -71,6 +73,7 @@ DEFAULT_ADMISSION_SERVERS = {
 }
 
 
+@in_every_mode
 @pytest.mark.perf_analyzer
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("model", list(DEFAULT_ADMISSION_SERVERS))
@@ -106,6 +109,7 @@ def test_sync_client(mlp_server) -> None:
     assert all(r.error is None for r in results)
 
 
+@in_every_mode
 async def test_sigterm_drains_in_flight_work_then_exits_zero(server_factory) -> None:
     server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "600",
                             "--max-wait-ms", "0", "--latency-target-ms", "5000", "--no-warmup")
@@ -133,17 +137,26 @@ def fetch_text(url: str) -> str:
         return response.read().decode()
 
 
-async def test_metrics_port_flag_serves_prometheus_text(server_factory) -> None:
-    server = server_factory("--model", "sim", "--devices", "sim:1", "--sim-base-ms", "1",
-                            "--metrics-port", "0")
-    (line,) = [b for b in server.banner if b.startswith("evenflow metrics on ")]
+async def test_metrics_port_flag_serves_prometheus_text(mlp_server) -> None:
+    (line,) = [b for b in mlp_server.banner if b.startswith("evenflow metrics on ")]
     metrics_url = line.split()[-1]
     assert metrics_url.startswith("http://127.0.0.1:") and metrics_url.endswith("/metrics")
-    async with AsyncClient(server.url) as client:
-        await client.infer("sim", {"x": np.ones((3, 256), np.float32)})
-    text = await asyncio.to_thread(fetch_text, metrics_url)
-    assert 'nv_inference_request_success{model="sim",version="1"} 1.0' in text.splitlines()
-    assert 'nv_inference_count{model="sim",version="1"} 3.0' in text.splitlines()
+
+    async def counts() -> tuple[float, float]:
+        """mlp's successful requests and samples (0 before its first request)."""
+        lines = (await asyncio.to_thread(fetch_text, metrics_url)).splitlines()
+        values = []
+        for metric in ("nv_inference_request_success", "nv_inference_count"):
+            prefix = f'{metric}{{model="mlp",version="1"}} '
+            values.append(next((float(li.removeprefix(prefix)) for li in lines
+                                if li.startswith(prefix)), 0.0))
+        return values[0], values[1]
+
+    # The server is shared with the module's other tests: count this test's request only.
+    requests, samples = await counts()
+    async with AsyncClient(mlp_server.url) as client:
+        await client.infer("mlp", {"x": np.ones((3, 256), np.float32)})
+    assert await counts() == (requests + 1.0, samples + 3.0)
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -158,6 +171,7 @@ def test_bad_command_lines_exit_with_usage(args: list[str], message: str) -> Non
     assert message in run.stderr
 
 
+@in_every_mode
 async def test_json_logs_carry_the_request_id(server_factory) -> None:
     import json
 
