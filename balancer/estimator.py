@@ -125,9 +125,9 @@ class LatencyModel:
         mean_t = self._wt / w
         var_b = self._wbb / w - mean_b * mean_b
         if var_b < _MIN_SPREAD_SAMPLES2:
-            # One batch size seen: keep the prior's split between fixed and per-sample cost.
-            size = round(mean_b)
-            prior_t = self._prior.predict_s(size)
+            # One batch size seen: keep the prior's split between fixed and per-sample cost,
+            # scaled at the mean size, where the fit must pass through the mean latency.
+            prior_t = self._prior.base_s + self._prior.per_sample_s * mean_b
             scale = mean_t / prior_t if prior_t > 0 else 1.0
             return LatencyFit(self._prior.base_s * scale, self._prior.per_sample_s * scale,
                               reliable=False, settled=self._settled(), batch_size=mean_b,

@@ -22,7 +22,10 @@ class CostBook:
     A device that slows down (or speeds up) does so for every model on it, while only the
     models it still runs batches for re-learn their fits: a measured cost that steps by
     ``STEP_FACTOR`` or more rescales the other models' measured costs on that device by the
-    same factor, until their own fits say otherwise. A fit is taken only when it has changed
+    same factor, until their own fits say otherwise. The step is read at the batch size the
+    new fit was measured at: a fit that only splits the same latency differently between
+    fixed and per-sample cost (first measured at one size, later at several) differs most at
+    sizes it never ran, and is no step of the device. A fit is taken only when it has changed
     since the replica last reported it, so a replica that runs nothing keeps no stale cost.
 
     Where a model has never run, its cost is its fastest measured one rescaled by how much
@@ -38,10 +41,11 @@ class CostBook:
     def set_speed(self, device: str, speed: float) -> None:
         self._speeds[device] = speed
 
-    def observe(self, model: str, device: str, base_s: float, per_sample_s: float) -> None:
-        """A replica's reliable fit there."""
+    def observe(self, model: str, device: str, base_s: float, per_sample_s: float,
+                batch_size: float = 1.0) -> None:
+        """A replica's reliable fit there, measured at batches of ``batch_size`` on average."""
         if self._fresh(model, device, (base_s, per_sample_s)):
-            self._set(model, device, DeviceCost(base_s, per_sample_s))
+            self._set(model, device, DeviceCost(base_s, per_sample_s), batch_size)
 
     def observe_at(self, model: str, device: str, batch_size: float, latency_s: float,
                    prior: DeviceCost) -> None:
@@ -55,19 +59,21 @@ class CostBook:
         known_s = known.batch_s(batch_size)
         scale = (latency_s / known_s if known_s > 0.0 else 1.0) / known.speed
         # Measured costs are kept at speed 1 (the speed folded in): the estimates read them so.
-        self._set(model, device, DeviceCost(known.base_s * scale, known.per_sample_s * scale))
+        self._set(model, device, DeviceCost(known.base_s * scale, known.per_sample_s * scale),
+                  batch_size)
 
     def _fresh(self, model: str, device: str, report: tuple[float, ...]) -> bool:
         fresh = self._reported.get((model, device)) != report
         self._reported[(model, device)] = report
         return fresh
 
-    def _set(self, model: str, device: str, cost: DeviceCost) -> None:
+    def _set(self, model: str, device: str, cost: DeviceCost, batch_size: float) -> None:
         before = self._measured.get((model, device))
         self._measured[(model, device)] = cost
-        if before is None or before.batch_s(1) <= 0.0 or cost.batch_s(1) <= 0.0:
+        size = max(batch_size, 1.0)
+        if before is None or before.batch_s(size) <= 0.0 or cost.batch_s(size) <= 0.0:
             return
-        factor = cost.batch_s(1) / before.batch_s(1)
+        factor = cost.batch_s(size) / before.batch_s(size)
         if max(factor, 1.0 / factor) < STEP_FACTOR:
             return
         for (name, where), other in list(self._measured.items()):

@@ -39,17 +39,23 @@ def on_demand_moves(profile: ModelProfile, devices: Sequence[DeviceInfo],
             continue
         free = free_bytes[device.name]
         victims = sorted(evictable.get(device.name, ()), key=lambda e: e.last_used_s)
-        evict: list[str] = []
+        evict: list[Evictable] = []
         for victim in victims:
             if free >= profile.memory_bytes:
                 break
-            evict.append(victim.model)
+            evict.append(victim)
             free += victim.memory_bytes
         if free < profile.memory_bytes:
             continue
+        # The oldest taken first may not all be needed once a large one is: spare the most
+        # recently used of them that the load fits without.
+        for victim in reversed(evict[:-1]):
+            if free - victim.memory_bytes >= profile.memory_bytes:
+                evict.remove(victim)
+                free -= victim.memory_bytes
         rank = (len(evict), -rate_per_s(profile, device.name))
         if best is None or rank < best[0]:
-            best = (rank, [Move("drop", n, device.name) for n in evict]
+            best = (rank, [Move("drop", victim.model, device.name) for victim in evict]
                     + [Move("add", profile.name, device.name)])
     return None if best is None else best[1]
 

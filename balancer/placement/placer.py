@@ -283,7 +283,8 @@ class Placer:
         reliable, else its measurements' mean where it has settled at one batch size."""
         device = replica.devices[0]
         if replica.fit_reliable:
-            self._costs.observe(name, device, replica.fit_base_s, replica.fit_per_sample_s)
+            self._costs.observe(name, device, replica.fit_base_s, replica.fit_per_sample_s,
+                                replica.fit_batch_size)
         elif replica.fit_settled:
             self._costs.observe_at(name, device, replica.fit_batch_size, replica.fit_latency_s,
                                    model.prior)

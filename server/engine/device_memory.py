@@ -1,6 +1,6 @@
 """How much memory each device offers replicas under ``--placement auto``: the declared figure,
-else for a GPU the smaller of its free memory (where it can be known) and ``GPU_USABLE`` of its
-total, the machine's RAM for a CPU, no limit for a sim device.
+else for a GPU its free memory (where it can be known, else its total) less the reserve
+``1 - GPU_USABLE`` of its total, the machine's RAM for a CPU, no limit for a sim device.
 
 Where a GPU's free memory comes from depends on who holds the CUDA contexts:
 
@@ -32,11 +32,12 @@ from evenflow.server.workers.devices import DeviceSpec
 
 logger = logging.getLogger(__name__)
 
-# What a GPU's replicas may use of its total memory. The rest is for what no replica's
-# footprint counts: each process's CUDA context (a few hundred MiB per process and GPU, and
-# worker processes each have their own), the caching allocator's fragmentation and the
-# blocks it keeps cached between batches, and the library workspaces (cuBLAS, cuDNN) allocated
-# outside the allocator's statistics.
+# What a GPU's replicas may use of its total memory. The rest is kept back from its free memory
+# too (another tenant's use leaves the need as it was), for what no replica's footprint counts:
+# each process's CUDA context (a few hundred MiB per process and GPU, and worker processes each
+# have their own), the caching allocator's fragmentation and the blocks it keeps cached between
+# batches, and the library workspaces (cuBLAS, cuDNN) allocated outside the allocator's
+# statistics.
 GPU_USABLE = 0.9
 
 # A GPU's (free, total) bytes, by CUDA ordinal.
@@ -48,8 +49,10 @@ class DeviceMemoryUnknown(ValueError):
 
 
 def usable_bytes(free_bytes: int, total_bytes: int) -> int:
-    """What a GPU offers replicas: its free memory, at most ``GPU_USABLE`` of its total."""
-    return min(free_bytes, int(total_bytes * GPU_USABLE))
+    """What a GPU offers replicas: its free memory less the reserve of ``1 - GPU_USABLE`` of
+    its total (so at most ``GPU_USABLE`` of the total), never below 0."""
+    reserve_bytes = total_bytes - int(total_bytes * GPU_USABLE)
+    return max(0, min(free_bytes, total_bytes) - reserve_bytes)
 
 
 def cuda_free_and_total(index: int) -> tuple[int, int]:
@@ -172,10 +175,10 @@ def cuda_memory_query(config: ServerConfig,
 
 def device_memory_bytes(device: DeviceSpec, declared: Mapping[str, int],
                         cuda_memory: CudaMemoryQuery = cuda_total) -> int:
-    """The memory replicas may use on ``device``: the declared figure; for a GPU, the smaller
-    of its free memory (where ``cuda_memory`` knows it) and ``GPU_USABLE`` of its total (the
-    rest is for what no footprint counts, see there); the machine's RAM for a CPU; no limit
-    for a sim device."""
+    """The memory replicas may use on ``device``: the declared figure; for a GPU, its free
+    memory (where ``cuda_memory`` knows it, else its total) less a reserve for what no
+    footprint counts (``usable_bytes``); the machine's RAM for a CPU; no limit for a sim
+    device."""
     if device.name in declared:
         return declared[device.name]
     if device.kind == "cuda":

@@ -31,6 +31,7 @@ from evenflow.balancer.placement.report import PlacementSnapshot
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.engine import placement
+from evenflow.server.engine.device_memory import DeviceMemoryUnknown
 from evenflow.server.engine.served import ModelTable, ServedModel
 from evenflow.server.engine.warmup import warm_up
 from evenflow.server.models.spec import ModelDefinition
@@ -285,9 +286,16 @@ class ModelManager:
         (single-device replicas only; pipelines keep the devices they were cut for). Under
         ``--placement auto`` the placer may use it instead."""
         async with self._lock:
+            # Listed even where the placer cannot take it: a follower counts what joined, and
+            # asks again for nothing it already counts.
             self._devices.append(device)
             if self._placer is not None:
-                (info,) = placement.device_infos([device], self._config)
+                try:
+                    (info,) = placement.device_infos([device], self._config)
+                except DeviceMemoryUnknown as exc:
+                    logger.error("device %s joined, but no replica is placed on it: %s",
+                                 device.name, exc)
+                    return
                 self._placer.add_device(info, device.speed)
                 return
             for model in list(self._table):

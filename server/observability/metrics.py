@@ -252,7 +252,7 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
     for memory in placement.devices:
         if memory.limited:
             device_memory.add(memory.memory_bytes, device=memory.device)
-        device_reserved.add(memory.reserved_bytes, device=memory.device)
+        device_reserved.add(max(memory.reserved_bytes, 0), device=memory.device)
     for footprint in placement.models:
         model_memory.add(footprint.memory_bytes, model=footprint.model)
         model_load.add(footprint.load_s, model=footprint.model)

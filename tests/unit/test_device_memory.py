@@ -93,7 +93,12 @@ def unknown_free(caplog: pytest.LogCaptureFixture) -> list[str]:
             if r.name == LOGGER and "free GPU memory is unknown" in r.getMessage()]
 
 
-def test_a_gpu_offers_the_lesser_of_its_free_memory_and_its_total_less_a_tenth() -> None:
+def tenth_kept(free: float, total: float) -> int:
+    """``free`` GiB less a tenth of ``total`` GiB, in bytes, as the server rounds it."""
+    return int(free * GIB) - (int(total * GIB) - int(total * GIB * 0.9))
+
+
+def test_a_gpu_offers_its_free_memory_less_a_tenth_of_its_total() -> None:
     gpu = DeviceSpec("cuda", 1, "cuda1")
     asked: list[int] = []
 
@@ -104,9 +109,11 @@ def test_a_gpu_offers_the_lesser_of_its_free_memory_and_its_total_less_a_tenth()
         return ask
 
     assert device_memory_bytes(gpu, {}, query(80 * GIB, 80 * GIB)) == int(72 * GIB)
-    # Another process holds 30 GiB of it.
-    assert device_memory_bytes(gpu, {}, query(50 * GIB, 80 * GIB)) == 50 * GIB
-    assert asked == [1, 1]
+    # Another process holds 30 GiB of it: what no footprint counts still needs its tenth.
+    assert device_memory_bytes(gpu, {}, query(50 * GIB, 80 * GIB)) == tenth_kept(50, 80)
+    # Another process holds nearly all of it: nothing, never less.
+    assert device_memory_bytes(gpu, {}, query(5 * GIB, 80 * GIB)) == 0
+    assert asked == [1, 1, 1]
 
 
 def test_declared_memory_wins_and_asks_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -141,8 +148,9 @@ def test_process_workers_offer_the_free_memory_nvml_sees() -> None:
     config = ServerConfig(workers="process")
     query = cuda_memory_query(config, nvml_query(nvml, [bare(u) for u, _, _ in GPUS]))
     infos = device_infos(parse_devices("cuda:0,cuda:1,cuda:2"), config, query)
-    # Free below nine tenths where another process holds memory; nine tenths where it does not.
-    assert [i.memory_bytes for i in infos] == [int(72 * GIB), 10 * GIB, 40 * GIB]
+    # Free memory less a tenth of the total, whether or not another process holds some.
+    assert [i.memory_bytes for i in infos] == [int(72 * GIB), tenth_kept(10, 80),
+                                               tenth_kept(40, 48)]
 
 
 def test_without_nvml_a_gpu_offers_its_total_less_a_tenth_logged_once(

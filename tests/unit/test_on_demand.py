@@ -40,6 +40,23 @@ def test_the_least_recently_used_go_first_and_no_more_than_needed() -> None:
                      Move("add", "cold", "fast")]
 
 
+def test_small_old_replicas_are_spared_where_the_large_one_taken_after_them_makes_room(
+) -> None:
+    # Oldest first takes 1 + 1 + 10 GiB for a 10 GiB model; the 10 GiB one alone makes room,
+    # and each needless eviction is a reload later.
+    evictable = {"fast": [Evictable("large", 10 * GIB, 3.0), Evictable("small", GIB, 2.0),
+                          Evictable("tiny", GIB, 1.0)]}
+    moves = on_demand_moves(profile(10, {"fast": 1.0}), DEVICES, {"fast": 0, "slow": 0},
+                            evictable)
+    assert moves == [Move("drop", "large", "fast"), Move("add", "cold", "fast")]
+    # With half a GiB free, the large one and the least recently used small one are
+    # needed: the newer small one is spared.
+    moves = on_demand_moves(profile(11.5, {"fast": 1.0}), DEVICES, {"fast": GIB // 2,
+                                                                     "slow": 0}, evictable)
+    assert moves == [Move("drop", "tiny", "fast"), Move("drop", "large", "fast"),
+                     Move("add", "cold", "fast")]
+
+
 def test_nowhere_when_it_fits_nowhere_even_after_evicting() -> None:
     evictable = {"fast": [Evictable("idle", 2 * GIB, 1.0)]}
     assert on_demand_moves(profile(6, BOTH), DEVICES, {"fast": 2 * GIB, "slow": 4 * GIB},

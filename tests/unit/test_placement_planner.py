@@ -306,6 +306,23 @@ def test_a_device_that_steps_slower_for_one_model_is_slower_for_every_model_ther
     assert book.cost("a", "d0", prior).batch_s(1) == pytest.approx(0.048)
 
 
+def test_a_fit_that_only_splits_its_cost_anew_is_no_step_of_the_device() -> None:
+    # a ran batches of 8 only (17 ms): its cost is the prior's split scaled there, 12.75 ms at
+    # one sample. Then its batches vary, and the fit learns its real split, 1 ms + 2 ms per
+    # sample: 3 ms at one sample, 4x less, but the same 17 ms at the size it runs. Nothing
+    # about the device changed, so b's cost there stays.
+    book = CostBook({"d0": 1.0})
+    prior = DeviceCost(0.010, 0.0005)
+    book.observe_at("a", "d0", 8, 0.017, prior)
+    assert book.cost("a", "d0", prior).batch_s(1) == pytest.approx(0.01275)
+    book.observe("b", "d0", 0.004, 0.0004, 1.0)
+    book.observe("a", "d0", 0.001, 0.002, 8.0)
+    assert book.cost("b", "d0", prior).batch_s(1) == pytest.approx(0.0044)
+    # The device slowing 3x shows at the size a runs, and b's cost follows.
+    book.observe("a", "d0", 0.003, 0.006, 8.0)
+    assert book.cost("b", "d0", prior).batch_s(1) == pytest.approx(0.0132)
+
+
 def test_candidate_moves_come_in_the_same_order_whatever_the_string_hashes() -> None:
     # The greedy search keeps the first of equally good moves, so their order decides the plan;
     # a frozenset's order follows string hashes, which differ between processes.
