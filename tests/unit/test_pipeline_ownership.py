@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 
 import numpy as np
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from evenflow.balancer import Job
 from evenflow.server.models.builtin import build_mlp
-from evenflow.server.models.sim import thread_speed
+from evenflow.server.models.sim import SleepIdentity
 from evenflow.server.models.spec import ModelDefinition, SimProfile, TensorSpec
 from evenflow.server.workers.devices import parse_devices
 from evenflow.server.workers.pipeline.layers import layer_costs_s, placed, split_into_layers
@@ -91,21 +90,21 @@ async def test_two_replicas_of_one_definition_own_their_weights_and_leave_it_unt
 
 
 class ScaledSleep(torch.nn.Module):
-    """``x * scale`` (scale = 1, so exact) costing ``profile`` of sleep at the thread's device
-    speed: a layer with weights whose cost the partitioner knows, so drift can be provoked."""
+    """``x * scale`` (scale = 1, so exact) costing what the ``sim`` model's layer costs
+    (``SleepIdentity``: its profile at the thread's device speed): a layer with weights whose
+    cost the partitioner knows, so drift can be provoked."""
 
     def __init__(self, ms: float) -> None:
         super().__init__()
         self.scale = torch.nn.Parameter(torch.ones(WIDTH))
-        self.profile = SimProfile(ms, 0.0)
+        self.cost = SleepIdentity(SimProfile(ms, 0.0))
 
     @property
     def sim_profile(self) -> SimProfile:
-        return self.profile
+        return self.cost.sim_profile
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.profile.cost_s(x.shape[0]) / thread_speed())
-        return x * self.scale
+        return self.cost(x) * self.scale
 
 
 def scaled_sleeps(count: int, ms: float) -> ModelDefinition:
