@@ -126,8 +126,12 @@ class LatencyModel:
         var_b = self._wbb / w - mean_b * mean_b
         if var_b < _MIN_SPREAD_SAMPLES2:
             # One batch size seen: keep the prior's split between fixed and per-sample cost,
-            # scaled at the mean size, where the fit must pass through the mean latency.
-            prior_t = self._prior.base_s + self._prior.per_sample_s * mean_b
+            # scaled at the whole size nearest the mean. Routing and admission read this fit;
+            # scaled at the mean itself (exact for the mean), their SLO goodput measured lower
+            # (docs/benchmarks.md, Placement). The cost book rescales at the mean
+            # (``CostBook.observe_at``), where capacity is priced.
+            size = round(mean_b)
+            prior_t = self._prior.predict_s(size)
             scale = mean_t / prior_t if prior_t > 0 else 1.0
             return LatencyFit(self._prior.base_s * scale, self._prior.per_sample_s * scale,
                               reliable=False, settled=self._settled(), batch_size=mean_b,
