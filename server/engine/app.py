@@ -10,7 +10,7 @@ import signal
 import sys
 from collections import Counter
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -250,6 +250,27 @@ class App:
             self._metrics = None
 
 
+class Startable(Protocol):
+    async def start(self) -> int: ...
+
+
+async def start_unless_stopped(app: Startable, stop: asyncio.Event) -> int | None:
+    """``app.start()``, cancelled if ``stop`` is set first; None then. Loading may take
+    minutes, longer than an orchestrator waits after its SIGTERM before a SIGKILL, and a
+    cancelled start closes what it built (worker processes and Ray actors are stopped; a
+    factory already running in a thread finishes first)."""
+    starting = asyncio.create_task(app.start(), name="app:start")
+    stopped = asyncio.create_task(stop.wait(), name="app:stop-signal")
+    try:
+        await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not starting.done():
+            starting.cancel()
+        await asyncio.wait({starting, stopped})
+    return None if starting.cancelled() else starting.result()
+
+
 async def serve(config: ServerConfig) -> None:
     """Run until SIGINT/SIGTERM, then drain and return. A second signal ends the grace: what
     is still running fails with UNAVAILABLE and the process exits."""
@@ -267,7 +288,10 @@ async def serve(config: ServerConfig) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        port = await app.start()
+        port = await start_unless_stopped(app, stop)
+        if port is None:
+            logger.info("signal received while starting: stopping")
+            return
         # Everything built so far (torch, the models, gRPC) lives as long as the process; move
         # it out of the collector's reach, or each full collection walks all of it while the
         # loop waits: full collections at start-up took 15-95 ms here (sim model); one while
