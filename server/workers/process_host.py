@@ -114,16 +114,26 @@ class ProcessWorker(HostedWorker):
             raise WorkerLost(f"worker {self._name}: its process is not running")
         return socket
 
+    def _send(self, parts: list[Any], by_reference: bool = False) -> None:
+        """Send to the running process, or raise ``WorkerLost`` as a call to a dead one must."""
+        socket = self._running_socket()
+        try:
+            socket.send(parts, by_reference)
+        except zmq.Again as exc:
+            # A PAIR with no high-water mark refuses a send only when it has no peer: ZeroMQ
+            # saw the process's end before this loop reaped it.
+            raise WorkerLost(f"worker {self._name}: its process is not running") from exc
+
     async def _exchange(self, sizes: list[int], inputs: list[np.ndarray]
                         ) -> tuple[BatchReply, list[np.ndarray]]:
-        socket = self._running_socket()
+        self._running_socket()  # before packing: a dead process needs no copy of the inputs
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
         arrays.pack(inputs, metas, frames)
         call_id, answer = self._calls.add()
         header = msg.encoder.encode(msg.RunBatch(id=call_id, sizes=sizes, arrays=metas))
         try:
-            socket.send([header, *frames], arrays.by_reference(frames))
+            self._send([header, *frames], arrays.by_reference(frames))
             reply, out_frames = await answer
         finally:
             self._calls.discard(call_id)
@@ -133,11 +143,11 @@ class ProcessWorker(HostedWorker):
         return reply, arrays.unpack(reply.arrays, out_frames)
 
     async def _send_control(self, request: msg.Control) -> msg.ControlDone:
-        if self._socket is None:
-            raise WorkerLost(f"worker {self._name}: its process is not running")
         call_id, answer = self._calls.add()
         try:
-            self._socket.send([msg.encoder.encode(msgspec.structs.replace(request, id=call_id))])
+            # Checked as a batch is: once the process has exited nothing would answer (or fail)
+            # a call queued now, and an admin RPC would wait for the next restart.
+            self._send([msg.encoder.encode(msgspec.structs.replace(request, id=call_id))])
             done, _ = await answer
         finally:
             self._calls.discard(call_id)
