@@ -148,7 +148,15 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     spec = child.read_settings(WorkerSpec)
     configure_logging(spec.log_level, spec.log_format)
-    sys.exit(event_loop.run(_main(spec, args[0])))
+    try:
+        code = event_loop.run(_main(spec, args[0]))
+    finally:
+        # pyzmq never terminates a context at exit, so the socket's linger alone does not keep
+        # the process alive: a last answer still queued (StartFailed, a DeviceLost) would be
+        # dropped, and the engine would see only the exit. Terminating waits for it, up to
+        # the linger (a socket left open is closed with it).
+        zmq.Context.instance().destroy(linger=_LINGER_MS)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
