@@ -14,6 +14,7 @@ changed since (a reload) before it hands the arrays to the balancer."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -98,6 +99,7 @@ class FrontendPool:
         self._port_holder: socket.socket | None = None
         self._http_port_holder: socket.socket | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._watches: set[asyncio.Task[Any]] = set()  # each running front-end's, and restarts
         self._stopping = False
         self._serving = True
         self._outbox: dict[bytes, list[list[object]]] = {}  # sent once per loop turn
@@ -117,7 +119,18 @@ class FrontendPool:
                                                   "HTTP", "--http-port")
             self.http_port = self._http_port_holder.getsockname()[1]
         self.bind()
-        await asyncio.gather(*(self._launch(fe) for fe in self._frontends))
+        launches = [asyncio.create_task(self._launch(fe), name=f"frontend:{fe.index}:start")
+                    for fe in self._frontends]
+        try:
+            await asyncio.gather(*launches)
+        except BaseException:
+            # One failed (or this start was cancelled): the others' processes would otherwise
+            # start with no one to wait for them. A cancelled launch kills its process; those
+            # that started are the caller's ``stop``'s, as after any start.
+            for launch in launches:
+                launch.cancel()
+            await asyncio.gather(*launches, return_exceptions=True)
+            raise
         return self.port
 
     def bind(self, address: str | None = None) -> str:
@@ -130,26 +143,49 @@ class FrontendPool:
         self._socket = LoopSocket(router, asyncio.get_running_loop(), self._receive)
         return self._address
 
-    def _spawn_task(self, coroutine: Any, name: str) -> asyncio.Task[Any]:
+    def _spawn_task(self, coroutine: Any, name: str,
+                    tasks: set[asyncio.Task[Any]] | None = None) -> asyncio.Task[Any]:
+        owner = self._tasks if tasks is None else tasks
         task = asyncio.create_task(coroutine, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        owner.add(task)
+        task.add_done_callback(owner.discard)
         return task
 
-    async def _launch(self, frontend: _Frontend) -> None:
+    async def _launch(self, frontend: _Frontend) -> bool:
         """Start the front-end's process and wait for its hello (it then serves the port);
-        OSError, with its exit code and the end of its stderr, when it does not start."""
+        False, with no process left, when the pool began stopping meanwhile; OSError, with its
+        exit code and the end of its stderr, when it does not start. Cancelled, it kills the
+        process it started."""
         frontend.hello = asyncio.get_running_loop().create_future()
-        started = await Child.start(
-            f"front-end {frontend.index}", ["-m", "evenflow.server.processes.frontend_process"],
-            settings=self._settings(frontend.index, self._address, self.port, self.http_port))
+        started = await self._start_child(frontend)
+        if self._stopping:  # ``stop`` may have read the children already: it would not stop it
+            await started.kill()
+            return False
         frontend.child = started
         try:
             await started.until_ready(frontend.hello, _START_TIMEOUT_S)
         except ChildNotReady as exc:
             await started.kill()
             raise OSError(str(exc)) from exc
-        self._spawn_task(self._watch(frontend, started), f"frontend:{frontend.index}")
+        except BaseException:
+            await started.kill()
+            raise
+        self._spawn_task(self._watch(frontend, started), f"frontend:{frontend.index}",
+                         self._watches)
+        return True
+
+    async def _start_child(self, frontend: _Frontend) -> Child:
+        """``Child.start``, which, cancelled once its process exists, would drop the process
+        unkilled: cancelled, this lets it finish and kills what it started."""
+        starting = asyncio.ensure_future(Child.start(
+            f"front-end {frontend.index}", ["-m", "evenflow.server.processes.frontend_process"],
+            settings=self._settings(frontend.index, self._address, self.port, self.http_port)))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):  # it failed to start: nothing to kill
+                await (await starting).kill()
+            raise
 
     async def _watch(self, frontend: _Frontend, started: Child) -> None:
         """Restart the front-end when its process ends, unless the server is stopping."""
@@ -161,10 +197,13 @@ class FrontendPool:
         logger.error("front-end %d (process %d) exited with code %s; restarting it in "
                      "%.1f s", frontend.index, started.pid, code, delay_s)
         frontend.restarts += 1
-        while not self._stopping:
+        while True:
             await asyncio.sleep(delay_s)
+            if self._stopping:  # a restart now would miss the drain, and outlive ``stop``
+                return
             try:
-                await self._launch(frontend)
+                if not await self._launch(frontend):
+                    return
                 logger.info("front-end %d restarted (process %d)", frontend.index,
                             frontend.child.pid if frontend.child else -1)
                 return
@@ -222,6 +261,8 @@ class FrontendPool:
         self._by_identity[identity] = frontend
         if not hello.listening:
             self._send(identity, self._models_message())
+            if self._stopping:  # a restart the drain came before: it must not take calls
+                self._send(identity, msg.Drain())
         elif frontend.hello is not None and not frontend.hello.done():
             frontend.hello.set_result(None)
 
@@ -246,6 +287,10 @@ class FrontendPool:
         except EvenflowError as exc:
             self._send(identity, msg.Refused(request.id, to_wire(exc)))
             return
+        except Exception as exc:  # a bug: the front-end's caller hears INTERNAL, never nothing
+            bug = internal_error(exc, f"request {request.id} from {identity!r}")
+            self._send(identity, msg.Refused(request.id, to_wire(bug)))
+            return
         frontend.in_flight[request.id] = future
         future.add_done_callback(partial(self._answer, identity, frontend, request.id))
 
@@ -262,7 +307,12 @@ class FrontendPool:
             return
         metas: list[arrays.ArrayMeta] = []
         frames: list[object] = []
-        arrays.pack(future.result(), metas, frames)
+        try:
+            arrays.pack(future.result(), metas, frames)
+        except Exception as exc:  # an answer that is not arrays: a bug, but still an answer
+            error = internal_error(exc, f"request {request_id} from {identity!r}")
+            self._send(identity, msg.Refused(request_id, to_wire(error)))
+            return
         self._send(identity, msg.Answer(request_id, metas), frames)
 
     async def _call(self, identity: bytes, call: msg.Call, request: bytes) -> None:
@@ -339,15 +389,25 @@ class FrontendPool:
         """Every admitted request has its answer: front-ends close the port and exit (killed
         after a bound); then the engine's socket closes. Idempotent."""
         self._stopping = True
+        # A restart under way would add a process after the children below were read: end the
+        # watches first (a cancelled launch kills its process), then read the children.
+        while self._watches:
+            for task in list(self._watches):
+                task.cancel()
+            await asyncio.gather(*self._watches, return_exceptions=True)
         for identity in list(self._by_identity):
             self._send(identity, msg.Stop())
-        for started in [fe.child for fe in self._frontends if fe.child is not None]:
-            if not await started.stop(_STOP_TIMEOUT_S):
+        children = [fe.child for fe in self._frontends if fe.child is not None]
+        # At once: each may take the whole bound.
+        stopped = await asyncio.gather(*(c.stop(_STOP_TIMEOUT_S) for c in children))
+        for started, exited in zip(children, stopped, strict=True):
+            if not exited:
                 logger.warning("front-end process %d did not stop; killed it", started.pid)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for fe in self._frontends:
+            self._forget(fe)  # their watches, which would have, were cancelled
             fe.child = None
         if self._socket is not None:
             self._socket.close()

@@ -247,6 +247,19 @@ async def _start_http(settings: FrontendSettings, link: EngineLink,
     return http
 
 
+async def _until_synced(link: EngineLink, engine_gone: asyncio.Event) -> bool:
+    """True once the engine has sent the models, False if it is gone first."""
+    synced = asyncio.create_task(link.synced.wait())
+    gone = asyncio.create_task(engine_gone.wait())
+    try:
+        await asyncio.wait({synced, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (synced, gone):
+            task.cancel()
+        await asyncio.gather(synced, gone, return_exceptions=True)
+    return link.synced.is_set()
+
+
 async def _serve(settings: FrontendSettings) -> None:
     identity = f"frontend {settings.index} pid {os.getpid()}"
     engine_gone = child.watch_parent(asyncio.get_running_loop())
@@ -258,7 +271,12 @@ async def _serve(settings: FrontendSettings) -> None:
     port = ServingPort(edge=edge, name=identity)
     link.on_health = port.update_health
     link.send(msg.Hello(settings.index, os.getpid(), listening=False))
-    await link.synced.wait()  # the engine knows this front-end, and it knows the models
+    # The engine knows this front-end, and it knows the models; or the engine died first,
+    # and no one would ever stop this process.
+    if not await _until_synced(link, engine_gone):
+        logger.error("%s: the engine is gone before it answered; exiting", identity)
+        link.close()
+        return
     # Every call but inference is the engine's: the stubs' base classes only name them.
     services: list[tuple[Register, object]] = [
         (evenflow_pb2_grpc.add_EvenflowStatsServicer_to_server,

@@ -19,14 +19,16 @@ import zmq.asyncio
 from evenflow.balancer import InvalidRequest, ShuttingDown
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from evenflow.server.config.server_config import ServerConfig
 from evenflow.server.edge.grpc_server import INFERENCE_SERVICE, PortSettings, ServingPort
 from evenflow.server.models.spec import TensorSpec
+from evenflow.server.processes import frontend_process
 from evenflow.server.processes.frontend_process import (
     EngineLink,
     FrontendServicer,
     forward_to_engine,
 )
-from evenflow.server.processes.ipc import arrays
+from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import frontend_messages as msg
 from evenflow.server.processes.ipc.errors import to_wire
 
@@ -173,4 +175,24 @@ async def test_a_forwarded_call_carries_its_deadline_and_gets_the_engines_answer
         await port.drain()
         await port.close()
         link.close()
+        engine.socket.close()
+
+
+async def test_a_frontend_whose_engine_dies_before_it_answers_exits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = FakeEngine()
+    gone = asyncio.Event()  # stands in for the engine's end of stdin closing
+    monkeypatch.setattr(child, "watch_parent", lambda loop: gone)
+    settings = msg.FrontendSettings.from_config(ServerConfig(port=0), index=0,
+                                                engine_address=engine.address, port=0,
+                                                server_version="test")
+    serving = asyncio.create_task(frontend_process._serve(settings))
+    try:
+        hello, _ = await asyncio.wait_for(engine.receive(), 5)
+        assert isinstance(hello, msg.Hello) and not hello.listening
+        gone.set()  # no Models ever comes: the engine died while the front-end started
+        await asyncio.wait_for(serving, 5)  # it exits; it does not wait for ever
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
         engine.socket.close()

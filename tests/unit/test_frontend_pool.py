@@ -99,6 +99,23 @@ class FakeFrontend:
         return answer
 
 
+@dataclass
+class BrokenModel:
+    """A model whose submit fails with a bug (``raises``), or whose answer is not arrays."""
+
+    definition: _Definition
+    name: str = "m"
+    raises: Exception | None = None
+
+    def submit(self, payload: Any, num_samples: int, deadline_s: float = math.inf,
+               priority: int = 0, shape_key: Hashable = None) -> asyncio.Future[Any]:
+        if self.raises is not None:
+            raise self.raises
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result([42])  # not an array: packing it fails
+        return future
+
+
 async def _pool_and_frontend(table: ModelTable) -> tuple[FrontendPool, FakeFrontend]:
     pool = FrontendPool(count=1, settings=lambda *_: cast(msg.FrontendSettings, None),
                         models=table, calls=ProxiedCalls(), host="127.0.0.1", port=0)
@@ -149,6 +166,48 @@ async def test_a_reload_with_other_specs_refuses_requests_validated_before_it() 
         assert refused.error.kind == "InvalidRequest"
         assert "reloaded" in refused.error.message
         assert other.shape_keys == []  # never reached the model
+    finally:
+        frontend.socket.close()
+        await pool.stop()
+
+
+@pytest.mark.parametrize("model", [BrokenModel(_Definition(X2), raises=RuntimeError("bug")),
+                                   BrokenModel(_Definition(X2))],
+                         ids=["submit-raises", "answer-not-arrays"])
+async def test_a_bug_on_the_engines_side_is_an_internal_error_not_a_request_left_hanging(
+        model: BrokenModel, caplog: pytest.LogCaptureFixture) -> None:
+    pool, frontend = await _pool_and_frontend(ModelTable([cast(ServedModel, model)]))
+    try:
+        announced = (await frontend.models())["m"]
+        # Bounded: without an answer the request would wait forever.
+        refused = await asyncio.wait_for(
+            frontend.infer(1, announced.spec_version, np.ones((1, 2), np.float32), ((2,),)), 5)
+        assert isinstance(refused, msg.Refused) and refused.id == 1
+        assert refused.error.kind == "EvenflowError"  # INTERNAL
+        assert "internal server error" in refused.error.message
+        # Logged once, with its traceback.
+        failures = [r for r in caplog.records if r.exc_info is not None]
+        assert len(failures) == 1
+        # The engine reads on: the next request is answered too.
+        again = await asyncio.wait_for(
+            frontend.infer(2, announced.spec_version, np.ones((1, 2), np.float32), ((2,),)), 5)
+        assert isinstance(again, msg.Refused) and again.id == 2
+    finally:
+        frontend.socket.close()
+        await pool.stop()
+
+
+async def test_a_frontend_that_says_hello_after_the_drain_is_drained() -> None:
+    table = ModelTable([cast(ServedModel, EchoModel(_Definition(X2)))])
+    pool = FrontendPool(count=1, settings=lambda *_: cast(msg.FrontendSettings, None),
+                        models=table, calls=ProxiedCalls(), host="127.0.0.1", port=0)
+    frontend = FakeFrontend(pool.bind(f"ipc://@evenflow-test-{uuid.uuid4().hex}"))
+    try:
+        await pool.drain()  # a restarted front-end's hello may come after it
+        await frontend.send(msg.Hello(0, os.getpid(), listening=False))
+        await frontend.models()
+        drain, _ = await asyncio.wait_for(frontend.next(), 5)
+        assert isinstance(drain, msg.Drain)
     finally:
         frontend.socket.close()
         await pool.stop()

@@ -181,3 +181,25 @@ async def test_close_is_final_and_idempotent(
     for _ in range(5):
         await asyncio.sleep(0)
     assert received.messages == []
+
+
+async def test_a_handler_that_raises_is_logged_and_the_messages_behind_it_still_arrive(
+        pair: tuple[zmq.Socket[bytes], zmq.Socket[bytes]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    ours, peer = pair
+    received = Received()
+
+    def handler(parts: list[bytes]) -> None:
+        if parts == [b"bad"]:
+            raise ValueError("a bug in the handler")
+        received(parts)
+
+    for parts in ([b"bad"], [b"after", b"1"], [b"after", b"2"]):
+        peer.send_multipart(parts)  # queued before the reader: one drain reads them all
+    socket = LoopSocket(ours, asyncio.get_running_loop(), handler)
+    try:
+        assert await received.until(2) == [[b"after", b"1"], [b"after", b"2"]]
+        failures = [r for r in caplog.records if r.exc_info is not None]
+        assert len(failures) == 1 and "a bug in the handler" in str(failures[0].exc_info)
+    finally:
+        socket.close()

@@ -12,12 +12,15 @@ itself if more are waiting. Sends never block: the socket's high-water mark is 0
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import zmq
 
 from evenflow.server.processes.ipc.arrays import YIELD_EVERY
+
+logger = logging.getLogger(__name__)
 
 
 class LoopSocket:
@@ -48,7 +51,13 @@ class LoopSocket:
         for _ in range(YIELD_EVERY):
             if socket.closed or not int(socket.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                 return
-            self._on_message(socket.recv_multipart(zmq.NOBLOCK))
+            parts = socket.recv_multipart(zmq.NOBLOCK)
+            try:
+                self._on_message(parts)
+            except Exception:
+                # Raised out of this reader callback, it would end the drain: the messages
+                # behind it would wait for a signal the edge-triggered descriptor has spent.
+                logger.exception("a message's handler failed; reading on")
         self._schedule_check()  # more may be waiting: after the others' turn
 
     def close(self, linger_ms: int = 0) -> None:
