@@ -6,6 +6,7 @@ counted as joined and left out of the placement, said so in the log."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -33,60 +34,61 @@ min_replicas = 2
 """
 
 
-async def test_the_placer_forgets_a_leaving_device_before_its_replicas_drain(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+async def placed(tmp_path: Path) -> AsyncIterator[tuple[ModelManager, ModelTable]]:
+    """A started manager placing model ``a`` on two sim devices; closed after the test."""
     path = tmp_path / "evenflow.toml"
     path.write_text(CONFIG)
     table = ModelTable()
     manager = ModelManager(load(path, {}), table, parse_devices("sim:1,sim:1"))
     await manager.start()
     try:
-        balancer = table.get("a").balancer
-        real_remove = balancer.remove_device
-        placer_devices_at_drain: list[list[str]] = []
-
-        async def remove_device(name: str) -> bool:
-            snapshot = manager.placement_snapshot()
-            assert snapshot is not None
-            placer_devices_at_drain.append([d.device for d in snapshot.devices])
-            return await real_remove(name)
-
-        monkeypatch.setattr(balancer, "remove_device", remove_device)
-        await manager.remove_device("sim1")
-        assert placer_devices_at_drain == [["sim0"]]
-        snapshot = manager.placement_snapshot()
-        assert snapshot is not None
-        assert [(m, d) for m, d, _ in snapshot.replicas] == [("a", "sim0")]
-        assert [r.devices for r in balancer.snapshot().replicas] == [("sim0",)]
-        assert balancer.serving
+        yield manager, table
     finally:
         await manager.close(grace_s=5.0)
 
 
+async def test_the_placer_forgets_a_leaving_device_before_its_replicas_drain(
+        placed: tuple[ModelManager, ModelTable], monkeypatch: pytest.MonkeyPatch) -> None:
+    manager, table = placed
+    balancer = table.get("a").balancer
+    real_remove = balancer.remove_device
+    placer_devices_at_drain: list[list[str]] = []
+
+    async def remove_device(name: str) -> bool:
+        snapshot = manager.placement_snapshot()
+        assert snapshot is not None
+        placer_devices_at_drain.append([d.device for d in snapshot.devices])
+        return await real_remove(name)
+
+    monkeypatch.setattr(balancer, "remove_device", remove_device)
+    await manager.remove_device("sim1")
+    assert placer_devices_at_drain == [["sim0"]]
+    snapshot = manager.placement_snapshot()
+    assert snapshot is not None
+    assert [(m, d) for m, d, _ in snapshot.replicas] == [("a", "sim0")]
+    assert [r.devices for r in balancer.snapshot().replicas] == [("sim0",)]
+    assert balancer.serving
+
+
 async def test_a_joining_device_of_unknown_memory_is_counted_and_left_out_of_the_placement(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        placed: tuple[ModelManager, ModelTable], monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     # A GPU joining a Ray cluster whose head has no GPU of that ordinal: its memory cannot be
     # asked. The manager must list it (the cluster follower would otherwise take the next
     # poll for a new join) and the placer must not be handed a device with no figure.
-    path = tmp_path / "evenflow.toml"
-    path.write_text(CONFIG)
-    table = ModelTable()
-    manager = ModelManager(load(path, {}), table, parse_devices("sim:1,sim:1"))
-    await manager.start()
-    try:
-        def unknown(*_: object) -> list[object]:
-            raise DeviceMemoryUnknown("cuda2's memory is unknown")
+    manager, table = placed
 
-        monkeypatch.setattr(placement, "device_infos", unknown)
-        caplog.set_level(logging.ERROR)
-        await manager.add_device(DeviceSpec("cuda", 2, "cuda2"))
-        assert [d.name for d in manager.devices] == ["sim0", "sim1", "cuda2"]
-        snapshot = manager.placement_snapshot()
-        assert snapshot is not None
-        assert [d.device for d in snapshot.devices] == ["sim0", "sim1"]
-        assert any("cuda2 joined, but no replica is placed on it" in r.getMessage()
-                   for r in caplog.records)
-        assert table.get("a").balancer.serving
-    finally:
-        await manager.close(grace_s=5.0)
+    def unknown(*_: object) -> list[object]:
+        raise DeviceMemoryUnknown("cuda2's memory is unknown")
+
+    monkeypatch.setattr(placement, "device_infos", unknown)
+    caplog.set_level(logging.ERROR)
+    await manager.add_device(DeviceSpec("cuda", 2, "cuda2"))
+    assert [d.name for d in manager.devices] == ["sim0", "sim1", "cuda2"]
+    snapshot = manager.placement_snapshot()
+    assert snapshot is not None
+    assert [d.device for d in snapshot.devices] == ["sim0", "sim1"]
+    assert any("cuda2 joined, but no replica is placed on it" in r.getMessage()
+               for r in caplog.records)
+    assert table.get("a").balancer.serving
