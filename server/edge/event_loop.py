@@ -29,3 +29,15 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:
     await asyncio.wait([task])
     if not task.cancelled():
         task.result()
+
+
+async def first_set(*events: asyncio.Event) -> None:
+    """Return once any of ``events`` is set. The waits made for it are cancelled and awaited
+    whichever way this ends, the caller's cancellation included, so none is left pending."""
+    waits = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)

@@ -249,14 +249,7 @@ async def _start_http(settings: FrontendSettings, link: EngineLink,
 
 async def _until_synced(link: EngineLink, engine_gone: asyncio.Event) -> bool:
     """True once the engine has sent the models, False if it is gone first."""
-    synced = asyncio.create_task(link.synced.wait())
-    gone = asyncio.create_task(engine_gone.wait())
-    try:
-        await asyncio.wait({synced, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (synced, gone):
-            task.cancel()
-        await asyncio.gather(synced, gone, return_exceptions=True)
+    await event_loop.first_set(link.synced, engine_gone)
     return link.synced.is_set()
 
 

@@ -56,14 +56,9 @@ class _Server:
         self._socket.send([msg.encoder.encode(self._endpoint.ready())])
 
     async def serve(self, engine_gone: asyncio.Event) -> None:
-        waits = [asyncio.create_task(event.wait())
-                 for event in (self.stopped, engine_gone, self.device_lost)]
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            await event_loop.first_set(self.stopped, engine_gone, self.device_lost)
         finally:
-            for wait in waits:
-                wait.cancel()
-            await asyncio.gather(*waits, return_exceptions=True)
             self.stopped.set()  # what arrives from now on is not taken
             name = self._endpoint.worker.name
             if self.device_lost.is_set():

@@ -1,4 +1,5 @@
-"""cancel_and_wait: how an owner stops its background task."""
+"""cancel_and_wait: how an owner stops its background task; first_set: a wait for the first of
+several events that leaves nothing pending."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 
 import pytest
 
+from evenflow.server.edge import event_loop
 from evenflow.server.edge.event_loop import cancel_and_wait
 
 
@@ -61,3 +63,21 @@ async def test_the_callers_own_cancellation_is_not_swallowed() -> None:
     release.set()
     await asyncio.wait([task])
     assert task.cancelled()
+
+
+async def test_first_set_returns_on_any_event_and_leaves_no_wait_behind() -> None:
+    a, b = asyncio.Event(), asyncio.Event()
+    before = asyncio.all_tasks()
+    waiting = asyncio.create_task(event_loop.first_set(a, b))
+    await asyncio.sleep(0)  # one turn of the loop: its waits start
+    assert not waiting.done()
+    b.set()
+    await waiting
+    assert asyncio.all_tasks() - before == set()
+    # Cancelled while waiting: its waits end with it.
+    waiting = asyncio.create_task(event_loop.first_set(asyncio.Event()))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert asyncio.all_tasks() - before == set()
