@@ -14,7 +14,6 @@ changed since (a reload) before it hands the arrays to the balancer."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -157,7 +156,9 @@ class FrontendPool:
         exit code and the end of its stderr, when it does not start. Cancelled, it kills the
         process it started."""
         frontend.hello = asyncio.get_running_loop().create_future()
-        started = await self._start_child(frontend)
+        started = await Child.start(
+            f"front-end {frontend.index}", ["-m", "evenflow.server.processes.frontend_process"],
+            settings=self._settings(frontend.index, self._address, self.port, self.http_port))
         if self._stopping:  # ``stop`` may have read the children already: it would not stop it
             await started.kill()
             return False
@@ -173,19 +174,6 @@ class FrontendPool:
         self._spawn_task(self._watch(frontend, started), f"frontend:{frontend.index}",
                          self._watches)
         return True
-
-    async def _start_child(self, frontend: _Frontend) -> Child:
-        """``Child.start``, which, cancelled once its process exists, would drop the process
-        unkilled: cancelled, this lets it finish and kills what it started."""
-        starting = asyncio.ensure_future(Child.start(
-            f"front-end {frontend.index}", ["-m", "evenflow.server.processes.frontend_process"],
-            settings=self._settings(frontend.index, self._address, self.port, self.http_port)))
-        try:
-            return await asyncio.shield(starting)
-        except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # it failed to start: nothing to kill
-                await (await starting).kill()
-            raise
 
     async def _watch(self, frontend: _Frontend, started: Child) -> None:
         """Restart the front-end when its process ends, unless the server is stopping."""

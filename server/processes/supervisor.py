@@ -92,7 +92,7 @@ class Child:
     async def start(cls, name: str, python_args: Sequence[str], *, settings: object,
                     stderr_tail_bytes: int = STDERR_TAIL_BYTES) -> Child:
         """Run ``python python_args`` with ``settings`` on its stdin; ``name`` is what errors
-        call it."""
+        call it. Cancelled once the process exists, it kills the process (``spawn_python``)."""
         read_fd, write_fd = os.pipe()
         try:
             process = await child.spawn_python(python_args, settings=settings, stderr=write_fd)

@@ -78,7 +78,8 @@ class FakeChild:
 class FakeLauncher:
     """Stands in for the ``Child`` class: ``start`` makes a FakeChild (the process exists from
     then on) and, while ``start_gate`` is set to an unset event, waits for it before it
-    returns, as a spawn that is still writing the settings."""
+    returns, as a spawn that is still writing the settings; cancelled then, it kills the
+    child, as ``Child.start`` does (tests/unit/test_supervisor.py)."""
 
     def __init__(self) -> None:
         self.children: list[FakeChild] = []
@@ -94,7 +95,11 @@ class FakeLauncher:
         self.children.append(child)
         self._changed.set()
         if self.start_gate is not None:
-            await self.start_gate.wait()
+            try:
+                await self.start_gate.wait()
+            except asyncio.CancelledError:
+                await child.kill()
+                raise
         return child
 
     async def until_started(self, count: int) -> FakeChild:

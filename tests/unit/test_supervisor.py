@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from evenflow.balancer.backoff import Backoff
+from evenflow.server.processes.ipc import child
 from evenflow.server.processes.supervisor import Child, ChildNotReady
 
 pytestmark = pytest.mark.timeout(30)
@@ -75,6 +77,31 @@ async def test_a_ready_signal_that_fails_raises_its_error() -> None:
             await started.until_ready(ready, timeout_s=20)
     finally:
         await started.kill()
+
+
+async def test_a_start_cancelled_while_it_writes_the_settings_kills_its_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The child never reads stdin, so 1 MiB of settings fills the pipe and the start waits:
+    # cancelled there, the process exists and no caller holds it.
+    spawned: list[asyncio.subprocess.Process] = []
+    exists = asyncio.Event()
+    real_exec = asyncio.create_subprocess_exec
+
+    async def recording_exec(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        process = await real_exec(*args, **kwargs)
+        spawned.append(process)
+        exists.set()
+        return process
+
+    monkeypatch.setattr(child.asyncio, "create_subprocess_exec", recording_exec)
+    starting = asyncio.create_task(Child.start(
+        "c", ["-c", "import signal; signal.pause()"], settings={"blob": "x" * (1 << 20)}))
+    await exists.wait()
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    (process,) = spawned
+    assert process.returncode is not None  # killed and reaped
 
 
 def test_backoff_doubles_up_to_its_bound_and_resets() -> None:

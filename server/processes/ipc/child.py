@@ -20,15 +20,22 @@ T = TypeVar("T")
 async def spawn_python(python_args: Sequence[str], *, settings: object,
                        stderr: int | None = None) -> asyncio.subprocess.Process:
     """Start this interpreter with ``python_args`` and ``settings`` on its stdin (kept open);
-    ``stderr``: a file descriptor for its stderr (default: this process's)."""
+    ``stderr``: a file descriptor for its stderr (default: this process's). Cancelled (or
+    failing) once the process exists, it kills and reaps the process: no caller could."""
     process = await asyncio.create_subprocess_exec(sys.executable, *python_args,
                                                    stdin=asyncio.subprocess.PIPE,
                                                    stderr=stderr)
-    assert process.stdin is not None
-    encoded = msgspec.msgpack.encode(settings)
-    process.stdin.write(len(encoded).to_bytes(4, "little") + encoded)
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # died at once: wait()
-        await process.stdin.drain()
+    try:
+        assert process.stdin is not None
+        encoded = msgspec.msgpack.encode(settings)
+        process.stdin.write(len(encoded).to_bytes(4, "little") + encoded)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # died at once: wait()
+            await process.stdin.drain()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise
     return process
 
 
