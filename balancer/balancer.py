@@ -133,13 +133,13 @@ class ModelBalancer:
     def replica_expected(self) -> bool:
         return self._expected
 
-    def cancel_expected(self) -> None:
-        """The expected replica failed to load: unless a replica is in routing (then nothing is
-        parked), every parked request fails."""
+    def cancel_expected(self, reason: str | None = None) -> None:
+        """The expected replica will not come (its load failed, or ``reason``): unless a
+        replica is in routing (then nothing is parked), every parked request fails."""
         self._expected = False
         if not self._in_service:
             self._parking.fail_all(WorkerLost(
-                f"model {self.model_name!r}: its replica failed to load"))
+                reason or f"model {self.model_name!r}: its replica failed to load"))
 
     async def remove_replica(self, worker: Worker) -> None:
         """The replica of ``worker`` leaves, as in ``remove_device`` (the placer moves one

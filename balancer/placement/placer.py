@@ -206,6 +206,11 @@ class Placer:
         not in what this returns. Call it before closing the balancer: a load that finishes
         after that would be put in routing on a closed balancer."""
         model = self._models.pop(name, None)
+        if model is not None and not model.balancer.serving:
+            # Requests parked for a load in flight: the load is orphaned below and its replica
+            # goes to no balancer, so they hear now, not at their deadlines, that none comes.
+            model.balancer.cancel_expected(f"model {name!r} was reloaded or unloaded while "
+                                           "the request waited for its replica to load")
         freed = []
         for key in [key for key in self._replicas if key[0] == name]:
             replica = self._replicas.pop(key)
@@ -426,6 +431,7 @@ class Placer:
             self._abandonable.discard(task)
         gone = self._gone(move, model, placeholder)
         if gone is not None:  # its balancer may be closed, its device is not ours
+            self._load_ended(move, model, placeholder)
             await worker.close()
             self._record(move, reason, started_s, f"skipped: {gone}")
             return
@@ -519,6 +525,7 @@ class Placer:
                 model.waiting_since_s = None
                 model.balancer.cancel_expected()
             return
+        model.waiting_since_s = None  # a wait for memory ends here, whatever the load does
         model.balancer.expect_replica()
         # Not held to the budget: requests are waiting on this load.
         self.carry_out([(move, "demand") for move in moves], budgeted=False)

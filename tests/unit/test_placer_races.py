@@ -5,6 +5,7 @@ take a pinned one, and shutdown with a load and a drain in flight. Fakes on a fa
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 
 import pytest
@@ -87,6 +88,42 @@ async def test_a_reloaded_model_loads_where_its_old_balancers_load_is_still_in_f
     assert [r.worker for r in new.replicas] == [second]
     assert world.serving("a") == ["d1"]
     assert await answered(world.time, new.submit("x", 1)) == [("out", "x")]
+
+
+async def test_requests_parked_for_a_load_that_a_reload_orphans_fail_at_once(
+        world: World) -> None:
+    old = world.model("a", 4)  # no replica: the request parks and a load starts
+    parked = old.submit("x", 1, deadline_s=math.inf)
+    await world.run_for(LOAD_S / 2)
+    assert not parked.done()
+    for device, memory_bytes in world.placer.forget_model("a"):  # a reload takes over
+        world.placer.hold(device, memory_bytes)
+    await settle()
+    error = parked.exception()
+    assert isinstance(error, WorkerLost) and "reloaded or unloaded" in str(error)
+    world.model("a", 4, on=("d1",))
+    await asyncio.wait_for(old.drain(), timeout=1.0)  # close_model's drain has nothing left
+    await world.run_for(LOAD_S)
+    (orphan,) = world.loader.workers
+    assert orphan.closed
+
+
+async def test_a_failed_on_demand_load_after_a_wait_for_memory_lets_the_next_request_wait(
+        world: World) -> None:
+    world.model("big", 15, on=("d0",), min_replicas=1)
+    world.model("filler", 7, on=("d1",), min_replicas=1)
+    cold = world.model("cold", 4)
+    first = cold.submit("x", 1, deadline_s=math.inf)
+    await world.run_for(1.0)  # no memory anywhere: it waits
+    world.placer.forget_model("filler")  # memory frees on d1; the load there fails
+    world.loader.fail = {("cold", "d1")}
+    await world.run_for(LOAD_S + 1.0)
+    assert isinstance(first.exception(), WorkerLost)
+    world.model("filler2", 7, on=("d1",), min_replicas=1)  # memory full again
+    await world.run_for(5.0)  # past on_demand_wait_s since the first wait began
+    second = cold.submit("y", 1, deadline_s=math.inf)
+    await world.run_for(1.0)
+    assert not second.done()  # a wait of its own, not the first one's expired clock
 
 
 @pytest.mark.parametrize("skipped_first", [False, True])
