@@ -19,7 +19,7 @@ import enum
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from evenflow.balancer.placement.report import PlacementSnapshot
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.engine import placement
-from evenflow.server.engine.device_memory import DeviceMemoryUnknown
+from evenflow.server.engine.device_memory import DeviceMemoryUnknown, kept_cuda_memory_query
 from evenflow.server.engine.served import ModelTable, ServedModel
 from evenflow.server.engine.warmup import warm_up
 from evenflow.server.models.spec import ModelDefinition
@@ -63,6 +63,7 @@ class ModelEntry:
     state: ModelState = ModelState.UNAVAILABLE
     reason: str = ""
     warmup_s: float | None = None  # how long its replicas' warm-up took (None: none ran)
+    generation: int = 0  # loads begun: a replica's figures count only for its own model's
 
 
 class ModelControlError(EvenflowError):
@@ -95,6 +96,13 @@ async def close_model(model: ServedModel, grace_s: float,
     await model.balancer.close()  # closes its workers too
 
 
+def _operation_ended(task: asyncio.Task[None]) -> None:
+    """A load or unload ended: its error was its caller's to hear, and a caller that went away
+    did not; retrieved here so that it is not reported again as never retrieved."""
+    if not task.cancelled():
+        task.exception()
+
+
 class ModelManager:
     """Owns every served model: loads them into ``table`` and closes them."""
 
@@ -106,13 +114,19 @@ class ModelManager:
         self._devices = list(devices)
         self._entries = {m.name: ModelEntry(m) for m in config.model_configs()}
         self._lock = asyncio.Lock()
+        # Loads and unloads run as the manager's own tasks (``_owned``), which ``close`` waits
+        # for; the loads still building, which it abandons.
+        self._closing = False
+        self._operations: set[asyncio.Task[None]] = set()
+        self._building: set[asyncio.Task[Any]] = set()
         self._ledger = DeviceLedger()  # models on the same device see each other's work
         self._definitions: dict[str, ModelDefinition] = {}
         # Under --placement auto, the memory a reloaded model's old replicas hold while they
         # drain, by model: (device, bytes) held in the placer until they close.
         self._draining: collections.defaultdict[str, list[tuple[str, int]]] = \
             collections.defaultdict(list)
-        self._placer = placement.make_placer(self._devices, config, self) \
+        self._cuda_memory = kept_cuda_memory_query(config)  # at start and as GPUs join
+        self._placer = placement.make_placer(self._devices, config, self, self._cuda_memory) \
             if config.placement == "auto" else None
         self._unmeasured = placement.UnmeasuredFootprints()
 
@@ -128,24 +142,65 @@ class ModelManager:
             for entry in self._entries.values():
                 self._check_pins(entry.config)
         for name, entry in list(self._entries.items()):
-            if entry.config.load_at_start:
-                await self.load(name)
+            if entry.config.load_at_start:  # in the start's task: cancelling the start ends it
+                await self._load(name, None)
         if self._placer is not None:
             self._placer.start()
 
     async def load(self, name: str, source: str | None = None) -> None:
         """Load ``name`` (again, if it serves: the new one takes over, then the old drains).
         ``source`` replaces the configured one only where any source is allowed."""
+        await self._owned(self._load(name, source))
+
+    async def unload(self, name: str) -> None:
+        """Stop routing to ``name``, let its admitted requests finish, then close it."""
+        await self._owned(self._unload(name))
+
+    async def _owned(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a load or unload as the manager's own task. Its caller may be cancelled (a
+        client gone, the gRPC server stopping) while it is halfway, between a model out of the
+        table and its workers closed: the task goes on, and ``close`` waits for it."""
+        if self._closing:
+            work.close()
+            raise ModelControlError("the server is shutting down", ErrorCode.UNAVAILABLE)
+        task = asyncio.get_running_loop().create_task(work)
+        self._operations.add(task)
+        task.add_done_callback(_operation_ended)
+        task.add_done_callback(self._operations.discard)
+        caller = asyncio.current_task()
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() and caller is not None and not caller.cancelling():
+                # ``close`` abandoned the load; the caller itself was not cancelled.
+                raise ModelControlError("the load was abandoned: the server is shutting down",
+                                        ErrorCode.UNAVAILABLE) from None
+            raise
+
+    async def _load(self, name: str, source: str | None) -> None:
         async with self._lock:
+            if self._closing:
+                raise ModelControlError("the server is shutting down", ErrorCode.UNAVAILABLE)
             entry = self._entry_for_load(name, source)
             config = entry.config if source is None else dataclasses.replace(entry.config,
                                                                              source=source)
+            serving = name in self._table
             entry.state, entry.reason = ModelState.LOADING, ""
+            entry.generation += 1
+            building = asyncio.current_task()
+            assert building is not None
+            self._building.add(building)
             try:
                 model, warmup_s = await self._build(config)
-            except Exception as exc:
-                entry.state, entry.reason = ModelState.UNAVAILABLE, f"load failed: {exc}"
+            except BaseException as exc:
+                # A reload that failed leaves the model that served serving, and says so.
+                entry.state = ModelState.READY if serving else ModelState.UNAVAILABLE
+                entry.reason = ("load abandoned: the server is shutting down"
+                                if isinstance(exc, asyncio.CancelledError)
+                                else f"load failed: {exc}")
                 raise
+            finally:
+                self._building.discard(building)
             draining = self._draining.pop(name, [])  # this load's: loads take turns
             entry.config, entry.warmup_s = config, warmup_s
             entry.state = ModelState.READY
@@ -161,9 +216,10 @@ class ModelManager:
                     for device, memory_bytes in draining:
                         self._placer.release(device, memory_bytes)
 
-    async def unload(self, name: str) -> None:
-        """Stop routing to ``name``, let its admitted requests finish, then close it."""
+    async def _unload(self, name: str) -> None:
         async with self._lock:
+            if self._closing:  # ``close`` closes every model in the table
+                raise ModelControlError("the server is shutting down", ErrorCode.UNAVAILABLE)
             entry = self._entries.get(name)
             model = self._table.pop(name) if entry is not None else None
             if entry is None or model is None:
@@ -193,11 +249,18 @@ class ModelManager:
 
     async def close(self, grace_s: float, abort: asyncio.Event | None = None) -> None:
         """Drain and close every model (server shutdown); see ``close_model``. The models stay
-        in the table meanwhile, so a late request hears UNAVAILABLE, not NOT_FOUND."""
+        in the table meanwhile, so a late request hears UNAVAILABLE, not NOT_FOUND. A load
+        still building is abandoned (it closes what it built); loads and unloads past that
+        finish their drains, beside the table's."""
+        self._closing = True
+        for task in self._building:
+            task.cancel()
         if self._placer is not None:
             await self._placer.close()  # its moves in flight finish before the models close
         models = list(self._table)
-        await asyncio.gather(*(close_model(m, grace_s, abort) for m in models))
+        operations = set(self._operations)
+        await asyncio.gather(*(close_model(m, grace_s, abort) for m in models),
+                             *([asyncio.wait(operations)] if operations else []))
         for model in models:
             self._table.pop(model.name)
 
@@ -247,9 +310,7 @@ class ModelManager:
                           log_level=config.log_level, log_format=config.log_format)
 
     def _placement(self) -> RayPlacement:
-        # Every model known has a replica on every device: that many share each GPU.
-        return RayPlacement(self._config.ray_placement_timeout_s,
-                            replicas_per_gpu=max(1, len(self._entries)))
+        return RayPlacement(self._config.ray_placement_timeout_s)
 
     async def _build_replica(self, config: ModelConfig, definition: ModelDefinition,
                              device: DeviceSpec) -> Worker:
@@ -267,10 +328,13 @@ class ModelManager:
         """The placer's ``ReplicaLoader.load``: a replica of ``model`` on ``device``."""
         spec = next(d for d in self._devices if d.name == device)
         entry = self._entries[model]
+        generation = entry.generation
         started_s = time.monotonic()
         definition = self._definitions[model]
         worker = await self._build_replica(entry.config, definition, spec)
-        if self._placer is not None:
+        if self._placer is not None and entry.generation == generation:
+            # (A replica of a model reloaded meanwhile is closed, unrouted: its figures would
+            # be another model's.)
             self._placer.set_load_s(model, time.monotonic() - started_s)
             parameters = placement.replica_parameter_bytes(definition, [spec],
                                                            self._config.dtype)
@@ -291,7 +355,8 @@ class ModelManager:
             self._devices.append(device)
             if self._placer is not None:
                 try:
-                    (info,) = placement.device_infos([device], self._config)
+                    (info,) = placement.device_infos([device], self._config,
+                                                     self._cuda_memory)
                 except DeviceMemoryUnknown as exc:
                     logger.error("device %s joined, but no replica is placed on it: %s",
                                  device.name, exc)
