@@ -173,6 +173,19 @@ def cuda_memory_query(config: ServerConfig,
     return smallest_gpu(query, gpu_count()) if config.workers == "ray" else query
 
 
+def kept_cuda_memory_query(config: ServerConfig) -> CudaMemoryQuery:
+    """``cuda_memory_query(config)``, built when a GPU's memory is first asked and kept: a GPU
+    that joins later (a cluster node) is asked the same way, and the way's caveat is logged
+    once, not once per GPU that joins."""
+    built: list[CudaMemoryQuery] = []
+
+    def ask(index: int) -> tuple[int, int]:
+        if not built:
+            built.append(cuda_memory_query(config))
+        return built[0](index)
+    return ask
+
+
 def device_memory_bytes(device: DeviceSpec, declared: Mapping[str, int],
                         cuda_memory: CudaMemoryQuery = cuda_total) -> int:
     """The memory replicas may use on ``device``: the declared figure; for a GPU, its free
@@ -190,8 +203,8 @@ def device_memory_bytes(device: DeviceSpec, declared: Mapping[str, int],
 
 def device_infos(devices: Sequence[DeviceSpec], config: ServerConfig,
                  cuda_memory: CudaMemoryQuery | None = None) -> list[DeviceInfo]:
-    """Each device's memory for the placer; ``cuda_memory`` (a test's) replaces
-    ``cuda_memory_query``."""
+    """Each device's memory for the placer; ``cuda_memory`` (the server's kept one, or a
+    test's) replaces a ``cuda_memory_query`` made for this question."""
     declared = config.device_memory_bytes
     if cuda_memory is None and any(d.kind == "cuda" and d.name not in declared
                                    for d in devices):

@@ -17,7 +17,7 @@ from evenflow.balancer.placement.inventory import ModelProfile
 from evenflow.balancer.placement.placer import Placer, ReplicaLoader
 from evenflow.balancer.timebase import LoopTime
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
-from evenflow.server.engine.device_memory import device_infos
+from evenflow.server.engine.device_memory import CudaMemoryQuery, device_infos
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.thread_host import TORCH_DTYPES
@@ -153,8 +153,8 @@ def first_devices(template: ModelProfile, free_bytes: Mapping[str, int]) -> list
     return chosen + ranked[:max(0, wanted - len(chosen))]
 
 
-def make_placer(devices: Sequence[DeviceSpec], config: ServerConfig,
-                loader: ReplicaLoader) -> Placer:
-    return Placer(devices=device_infos(devices, config),
+def make_placer(devices: Sequence[DeviceSpec], config: ServerConfig, loader: ReplicaLoader,
+                cuda_memory: CudaMemoryQuery | None = None) -> Placer:
+    return Placer(devices=device_infos(devices, config, cuda_memory),
                   speeds={d.name: d.speed for d in devices}, loader=loader,
                   strategy=AutoStrategy(), time_source=LoopTime(), mode="auto")

@@ -196,7 +196,7 @@ class RayWorker(HostedWorker):
 
     def resources(self) -> ActorResources:
         offered = ray.cluster_resources().get(SIM_RESOURCE, 0) > 0
-        return actor_resources(self._spec.devices, self._placement.replicas_per_gpu, offered)
+        return actor_resources(self._spec.devices, offered)
 
     async def start(self) -> None:
         """Place the actor and wait until its worker is built; raises what building raised, or

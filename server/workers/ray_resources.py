@@ -1,12 +1,15 @@
 """What one replica's Ray actor asks the cluster for, and how its devices are numbered inside
 the actor: pure arithmetic (no Ray import), so that it is testable and readable on its own.
 
-- ``cuda``: a replica on one GPU asks ``1 / replicas_per_gpu`` of it (every model has a replica
-  on every device, so that many replicas share each GPU), floored to Ray's 0.0001 resource
-  granularity so the shares never add up past one GPU. ``ray_host`` pins that share to the
-  device's own placement-group bundle, so that ``cuda:0`` and ``cuda:1`` of one model never
-  land on the same GPU. A replica spanning several GPUs (a pipeline) asks whole GPUs: Ray
-  hands out fractions only below one GPU.
+- ``cuda``: a replica on one GPU asks a nominal ``GPU_SHARE`` of it, pinned by ``ray_host`` to
+  the device's own placement-group bundle of one whole GPU, so that ``cuda:0`` and ``cuda:1``
+  of one model never land on the same GPU. The bundle reserves the GPU for this server, so the
+  share is bookkeeping inside it, not what decides how many replicas the GPU holds: that is
+  memory's (the configuration, or the placer's accounting under ``--placement auto``). A share
+  sized to the models known (1 / N) ran out when a reload built its new replica beside the old
+  ones, or a model loaded later joined N others, and the new actor waited for the placement
+  timeout. A replica spanning several GPUs (a pipeline) asks whole GPUs: Ray hands out
+  fractions only below one GPU.
 - ``cpu``: one CPU per device (a cpu device computes on its core).
 - ``sim``: a small CPU share (a simulated device only sleeps). Not ``num_cpus=0``: a zero
   request fits every node, including a head started with ``--num-cpus 0`` to keep work off it;
@@ -17,7 +20,6 @@ the actor: pure arithmetic (no Ray import), so that it is testable and readable 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -25,16 +27,15 @@ from evenflow.server.workers.devices import DeviceSpec
 
 SIM_RESOURCE = "evenflow_sim"  # a node's simulated devices (test clusters, drills)
 SIM_CPU_SHARE = 0.01
-_GRANULARITY = 10_000  # Ray keeps resource amounts to 0.0001
+GPU_SHARE = 0.01  # 100 replicas to a GPU: more than memory lets share one
 
 
 @dataclass(frozen=True, slots=True)
 class RayPlacement:
-    """How the server places actors: ``replicas_per_gpu`` replicas (one per model) share each
-    GPU; an actor the cluster cannot place within ``timeout_s`` fails start-up."""
+    """How the server places actors: an actor the cluster cannot place within ``timeout_s``
+    fails start-up."""
 
     timeout_s: float
-    replicas_per_gpu: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +54,7 @@ class ActorResources:
         return {name: amount for name, amount in wanted.items() if amount > 0}
 
 
-def gpu_share(replicas_per_gpu: int) -> float:
-    """A replica's share of a GPU that ``replicas_per_gpu`` replicas share."""
-    if replicas_per_gpu < 1:
-        raise ValueError(f"replicas_per_gpu must be >= 1, not {replicas_per_gpu}")
-    return math.floor(_GRANULARITY / replicas_per_gpu) / _GRANULARITY
-
-
-def actor_resources(devices: Sequence[DeviceSpec], replicas_per_gpu: int = 1,
+def actor_resources(devices: Sequence[DeviceSpec],
                     sim_resource_offered: bool = False) -> ActorResources:
     """What the actor of a replica on ``devices`` asks for (see the module's docstring)."""
     cuda = [d for d in devices if d.kind == "cuda"]
@@ -69,7 +63,7 @@ def actor_resources(devices: Sequence[DeviceSpec], replicas_per_gpu: int = 1,
     resources = {SIM_RESOURCE: float(sims)} if sims and sim_resource_offered else {}
     num_cpus = round(cpus + SIM_CPU_SHARE * sims, 4)
     if len(cuda) == 1:
-        return ActorResources(num_cpus, gpu_share(replicas_per_gpu), resources, cuda[0].name)
+        return ActorResources(num_cpus, GPU_SHARE, resources, cuda[0].name)
     return ActorResources(num_cpus, float(len(cuda)), resources)
 
 

@@ -217,3 +217,17 @@ def test_ray_on_a_cluster_takes_this_process_totals_with_a_warning(
     monkeypatch.setattr(device_memory.torch.cuda, "device_count", lambda: 0)
     with pytest.raises(DeviceMemoryUnknown, match=r"cuda0's memory is unknown"):
         ray_head_total(0)
+
+
+def test_gpus_joining_a_cluster_one_by_one_are_asked_the_same_way_with_one_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    monkeypatch.setattr(device_memory.torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(device_memory, "cuda_total", lambda index: (80 * GIB, 80 * GIB))
+    config = ServerConfig(workers="ray", ray_address="auto")
+    query = device_memory.kept_cuda_memory_query(config)
+    assert caplog.records == []  # nothing asked yet
+    infos = [info for device in parse_devices("cuda:0,cuda:1,cuda:2")
+             for info in device_infos([device], config, query)]
+    assert [i.memory_bytes for i in infos] == [72 * GIB] * 3
+    assert len([r for r in caplog.records if r.name == LOGGER]) == 1
