@@ -40,10 +40,22 @@ def parse_response(response: pb.ModelInferResponse) -> dict[str, np.ndarray]:
 def parse_stream_response(response: pb.ModelStreamInferResponse) -> StreamResult:
     request_id = response.infer_response.id
     if response.error_message:
-        code_name, _, details = response.error_message.partition(": ")
-        code = getattr(grpc.StatusCode, code_name, grpc.StatusCode.UNKNOWN)
-        return StreamResult(request_id, None, error_for(code, details or response.error_message))
+        code, details = _stream_status(response.error_message)
+        return StreamResult(request_id, None, error_for(code, details))
     return StreamResult(request_id, parse_response(response.infer_response), None)
+
+
+# A stream response has no status of its own: evenflow's server prefixes its error_message with
+# the status name (server/edge/status.py, stream_error_message); other servers (Triton) send the
+# bare message, whose own ": " must not be mistaken for one.
+_STREAM_STATUSES = {code.name: code for code in grpc.StatusCode if code is not grpc.StatusCode.OK}
+
+
+def _stream_status(message: str) -> tuple[grpc.StatusCode, str]:
+    name, _, details = message.partition(": ")
+    if name in _STREAM_STATUSES:
+        return _STREAM_STATUSES[name], details or message
+    return grpc.StatusCode.UNKNOWN, message
 
 
 def parse_metadata(response: pb.ModelMetadataResponse) -> ModelMetadata:

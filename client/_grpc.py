@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+import asyncio
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -16,6 +18,42 @@ from evenflow.client.credentials import Credentials, aio_channel, sync_channel
 from evenflow.client.errors import from_rpc_error
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+
+
+class _RequestFailure:
+    """The first exception raised while producing a stream's requests (building one, or the
+    caller's own input iterator). gRPC pulls requests on its own thread (blocking) or task
+    (asyncio) and swallows such an exception: the blocking call ends UNKNOWN "Exception
+    iterating requests!", the asyncio call is cancelled and its reader gets a bare
+    CancelledError. So the producer keeps it here and cancels the call, and the reader raises
+    it in the caller's place, as the HTTP path raises it."""
+
+    def __init__(self) -> None:
+        # The blocking call's producer thread may fail before ModelStreamInfer has returned
+        # the call to cancel: whichever of ``fail`` and ``attach`` comes second cancels it.
+        self._lock = threading.Lock()
+        self._cancel: Callable[[], object] | None = None
+        self.error: Exception | None = None
+
+    def attach(self, cancel: Callable[[], object]) -> None:
+        """``cancel``: the call's."""
+        with self._lock:
+            self._cancel = cancel
+            failed = self.error is not None
+        if failed:
+            cancel()
+
+    def fail(self, error: Exception) -> None:
+        with self._lock:
+            self.error = error
+            cancel = self._cancel
+        if cancel is not None:
+            cancel()
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            # ``from None``: the cancellation this caused is ours, not news to the caller
+            raise self.error from None
 
 
 class GrpcTransport:
@@ -57,16 +95,29 @@ class GrpcTransport:
 
     def stream_infer(self, model: str, inputs: Iterable[Inputs], outputs: Sequence[str] | None,
                      timeout_s: float | None) -> Iterator[StreamResult]:
-        requests = (codec.build_request(model, item, outputs, str(i))
-                    for i, item in enumerate(inputs))
-        call = self._stub.ModelStreamInfer(requests, timeout=timeout_s, metadata=self._metadata)
+        failure = _RequestFailure()
+
+        def requests() -> Iterator[pb.ModelInferRequest]:
+            try:
+                for i, item in enumerate(inputs):
+                    yield codec.build_request(model, item, outputs, str(i))
+            except Exception as exc:
+                failure.fail(exc)  # then end the requests: the call is (or will be) cancelled
+
+        call = self._stub.ModelStreamInfer(requests(), timeout=timeout_s,
+                                           metadata=self._metadata)
+        failure.attach(call.cancel)
         try:
             for response in call:
                 yield codec.parse_stream_response(response)
         except grpc.RpcError as exc:
+            failure.raise_if_failed()
             raise from_rpc_error(exc) from exc
         finally:
             call.cancel()
+        # Failing before ``attach`` ended the requests (a half-close) before the cancel, so the
+        # server may have ended the stream cleanly.
+        failure.raise_if_failed()
 
     def close(self) -> None:
         self._channel.close()
@@ -117,21 +168,40 @@ class AsyncGrpcTransport:
         """One ModelStreamInfer stream; answers as they come (request ``i`` has id
         ``str(i)``)."""
 
+        failure = _RequestFailure()
+
         async def requests() -> AsyncIterator[pb.ModelInferRequest]:
             index = 0
-            async for item in each_input(inputs):
-                yield codec.build_request(model, item, outputs, str(index))
-                index += 1
+            try:
+                async for item in each_input(inputs):
+                    yield codec.build_request(model, item, outputs, str(index))
+                    index += 1
+            except Exception as exc:
+                failure.fail(exc)  # cancels the call, and with it gRPC's task running this
 
         call = self._stub.ModelStreamInfer(requests(), timeout=timeout_s,
                                             metadata=self._metadata)
+        failure.attach(call.cancel)
         try:
             async for response in call:
                 yield codec.parse_stream_response(response)
         except grpc.aio.AioRpcError as exc:
+            failure.raise_if_failed()
             raise from_rpc_error(exc) from exc
+        except asyncio.CancelledError:
+            # A call we cancelled raises a bare CancelledError from its read: raise what made
+            # us cancel it instead, unless the caller's task is itself being cancelled.
+            if not _being_cancelled():
+                failure.raise_if_failed()
+            raise
         finally:
             call.cancel()
+        failure.raise_if_failed()
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
