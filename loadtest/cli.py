@@ -175,7 +175,8 @@ async def run_timeline(args: argparse.Namespace, request_bytes: bytes) -> list[d
     cpu_before_s, wall_before_s = time.process_time(), time.monotonic()
     try:
         records, events, start_s = await run_scenario(scenario, target, args.seed,
-                                                      admin_url(args))
+                                                      admin_url(args),
+                                                      credentials_from_args(args))
     finally:
         await target.close()
     cpu_s, wall_s = time.process_time() - cpu_before_s, time.monotonic() - wall_before_s

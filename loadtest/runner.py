@@ -135,8 +135,11 @@ async def open_loop(target: LoadTarget, send_offsets_s: Sequence[float], *,
         if tasks:
             await asyncio.gather(*tasks)
     finally:
-        for task in tasks:
+        # Stopped early (cancelled): the requests in flight go too, and are waited for.
+        left = list(tasks)
+        for task in left:
             task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
     return records, dropped
 
 

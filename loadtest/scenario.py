@@ -15,8 +15,9 @@
     at_s = 8
     burst = 200             # this many requests at once, on top of the running load
 
-A load step holds until the next load step (or the end). Every request is recorded, so the
-result is a timeline: throughput and p99 per bin, and the server's per-device view.
+A load step holds until the next load step (or the end); each step starts at its ``at_s``
+whatever earlier steps still have in flight. Every request is recorded, so the result is a
+timeline: throughput and p99 per bin, and the server's per-device view.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 import grpc
 
+from evenflow.client.credentials import Credentials, aio_channel
 from evenflow.loadtest.arrivals import Arrival, send_times_s
 from evenflow.loadtest.runner import LoadTarget, RequestRecord, closed_loop, open_loop
 from evenflow.proto import evenflow_pb2 as ef
@@ -93,33 +95,50 @@ def load_scenario(path: Path) -> Scenario:
     return scenario
 
 
-async def _act(url: str, step: Step) -> str:
-    async with grpc.aio.insecure_channel(url) as channel:
-        if step.action == "set_device_speed":
-            response = await ef_grpc.EvenflowAdminStub(channel).SetDeviceSpeed(
-                ef.SetDeviceSpeedRequest(device=str(step.args["device"]),
-                                         speed=float(step.args["speed"])), timeout=5)
-            return (f"{step.args['device']}: speed {response.previous_speed:g} -> "
-                    f"{float(step.args['speed']):g}")
+async def _act(url: str, step: Step, credentials: Credentials | None) -> str:
+    """Send one admin action with the load's own credentials (TLS, token); what it did, or
+    why it failed: a refused action is an event of the run, not its end."""
+    async with aio_channel(url, [], credentials) as channel:
+        metadata = credentials.metadata if credentials is not None else None
+        try:
+            if step.action == "set_device_speed":
+                response = await ef_grpc.EvenflowAdminStub(channel).SetDeviceSpeed(
+                    ef.SetDeviceSpeedRequest(device=str(step.args["device"]),
+                                             speed=float(step.args["speed"])),
+                    timeout=5, metadata=metadata)
+                return (f"{step.args['device']}: speed {response.previous_speed:g} -> "
+                        f"{float(step.args['speed']):g}")
+        except grpc.aio.AioRpcError as exc:
+            return f"{step.action} failed: {exc.code().name}: {exc.details()}"
     raise AssertionError(step.action)
 
 
 async def run_scenario(scenario: Scenario, target: LoadTarget, seed: int,
-                       admin_url: str | None = None
+                       admin_url: str | None = None, credentials: Credentials | None = None
                        ) -> tuple[list[RequestRecord], list[tuple[float, str]], float]:
     """Run the timeline; returns every request, the events (time, what) and the start time.
-    Admin actions go over gRPC to ``admin_url`` (default: the target's, a gRPC target)."""
+    Admin actions go over gRPC to ``admin_url`` (default: the target's, a gRPC target), with
+    ``credentials`` (the load's).
+
+    Every step starts on the timeline, whatever the steps before it still have in flight: each
+    runs in the background and its requests are collected at the end, each bounded by the
+    target's timeout (a step that waited for them would start late, or not at all, under
+    overload: the very moments a scenario is for)."""
     if admin_url is None and scenario.has_actions and "://" in target.url:  # an HTTP target
         raise ValueError(f"{target.url}: a scenario's admin actions need the server's gRPC "
                          "address (--grpc-url)")
     start_s = time.monotonic()
     records: list[RequestRecord] = []
     events: list[tuple[float, str]] = []
+    running: list[asyncio.Task[Any]] = []  # every step's load, awaited at the end
 
     async def at(offset_s: float) -> None:
         delay_s = start_s + offset_s - time.monotonic()
         if delay_s > 0:
             await asyncio.sleep(delay_s)  # the scenario's own timeline
+
+    def event(what: str) -> None:
+        events.append((time.monotonic() - start_s, what))
 
     async def side_steps() -> None:
         for step in scenario.steps:
@@ -127,31 +146,45 @@ async def run_scenario(scenario: Scenario, target: LoadTarget, seed: int,
                 continue
             await at(step.at_s)
             if step.action is not None:
-                events.append((time.monotonic() - start_s,
-                               await _act(admin_url or target.url, step)))
+                event(await _act(admin_url or target.url, step, credentials))
             if step.burst:
-                events.append((time.monotonic() - start_s, f"burst of {step.burst}"))
-                burst, _ = await open_loop(target, [0.0] * step.burst)
-                records.extend(burst)
+                event(f"burst of {step.burst}")
+                running.append(asyncio.create_task(
+                    open_loop(target, [0.0] * step.burst, start_s=start_s + step.at_s,
+                              records=records)))
 
     async def load() -> None:
         loads = scenario.load_steps
         for index, step in enumerate(loads):
             end_s = loads[index + 1].at_s if index + 1 < len(loads) else scenario.duration_s
             await at(step.at_s)
-            duration_s = max(0.0, start_s + end_s - time.monotonic())
             label = (f"concurrency {step.concurrency}" if step.concurrency is not None
                      else f"rate {step.rate:g}/s {step.arrival}")
-            events.append((time.monotonic() - start_s, label))
+            event(label)
             if step.concurrency is not None:
-                records.extend(await closed_loop(target, concurrency=step.concurrency,
-                                                 duration_s=duration_s))
+                running.append(asyncio.create_task(closed_loop(
+                    target, concurrency=step.concurrency,
+                    duration_s=max(0.0, start_s + end_s - time.monotonic()), records=records)))
             else:
                 assert step.rate is not None
-                offsets = send_times_s(Arrival.parse(step.arrival), step.rate, duration_s,
-                                       seed + index)
-                got, _ = await open_loop(target, offsets)
-                records.extend(got)
+                # On the timeline: requests meant before a late start go at once, their
+                # latency counted from when they were meant to go.
+                offsets = send_times_s(Arrival.parse(step.arrival), step.rate,
+                                       end_s - step.at_s, seed + index)
+                running.append(asyncio.create_task(
+                    open_loop(target, offsets, start_s=start_s + step.at_s, records=records)))
 
-    await asyncio.gather(load(), side_steps())
+    try:
+        await asyncio.gather(load(), side_steps())
+        # Every request is bounded by the target's timeout; the grace covers the loop's own
+        # turns. A step still running past it is stopped, its unanswered requests unrecorded.
+        if running:
+            await asyncio.wait(running, timeout=target.timeout_s + 1.0)
+    finally:
+        for task in running:
+            task.cancel()
+        outcomes = await asyncio.gather(*running, return_exceptions=True)
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):  # a step's own failure, not the stop above
+            raise outcome
     return records, events, start_s
