@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from evenflow.balancer.errors import InvalidRequest
+from evenflow.balancer.errors import EvenflowError, InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.edge.datatypes import WIRE_TYPES, WireType
 from evenflow.server.edge.tensor_checks import (
@@ -152,6 +152,38 @@ def encode_response(request: pb.ModelInferRequest, specs: Sequence[TensorSpec],
         output.name = spec.name
         output.datatype = spec.datatype
         output.shape.extend(array.shape)
-        contents.append(encode_bytes(array) if spec.datatype == "BYTES" else array.tobytes())
+        contents.append(encode_bytes(array) if spec.datatype == "BYTES"
+                        else wire_array(spec, array).tobytes())
     return response
 
+
+_INTEGRAL = "biu"  # numpy kinds: bool, signed and unsigned integers
+
+
+def wire_array(spec: TensorSpec, array: np.ndarray) -> np.ndarray:
+    """A numeric output in its datatype's wire dtype, for both codecs: the bytes sent must be
+    what the ``datatype`` label says (an INT32 output that a model returns as torch's int64,
+    argmax's type, would otherwise go out as 8 bytes an element, which no client can read).
+
+    Casts that keep the values are made: to a wider or equal type, integers or booleans to a
+    narrower integer type (or BOOL) when every value fits, and to a float type (FP16 overflows
+    to infinity, as on the device). Floats to an integer type, or values that do not fit, are
+    refused as INTERNAL: the model does not return what its spec declares, and rounding or
+    wrapping would send wrong numbers under a right-looking label."""
+    wire = WIRE_TYPES[spec.datatype].numpy_dtype
+    source = array.dtype
+    if source == wire or spec.datatype == "BYTES":
+        return array
+    if wire.kind == "f" and source.kind in _INTEGRAL + "f":
+        return array.astype(wire)
+    if wire.kind in _INTEGRAL and source.kind in _INTEGRAL:
+        if not np.can_cast(source, wire, "safe") and array.size:
+            low, high = (0, 1) if wire.kind == "b" else (np.iinfo(wire).min, np.iinfo(wire).max)
+            if array.min() < low or array.max() > high:
+                raise EvenflowError(
+                    f"model output {spec.name!r} is declared {spec.datatype}, but holds "
+                    f"{source} values outside [{low}, {high}]; fix the model or its spec")
+        return array.astype(wire)
+    raise EvenflowError(f"model output {spec.name!r} is declared {spec.datatype}, but the model "
+                        f"returned {source} values, which {spec.datatype} cannot carry "
+                        "unchanged; fix the model or its spec")

@@ -579,7 +579,7 @@ def bad_compression(infer: Infer, data: st.DataObject) -> Result:
         keywords = ("limit",)
     infer.body = body
     infer.headers.append(("Content-Encoding", encoding))
-    return f"{kind} ({encoding})", 400, keywords
+    return f"{kind} ({encoding})", 413 if kind == "bomb" else 400, keywords
 
 
 MUTATIONS: list[Mutation] = [

@@ -3,7 +3,7 @@ import struct
 import numpy as np
 import pytest
 
-from evenflow.balancer import InvalidRequest
+from evenflow.balancer import EvenflowError, InvalidRequest
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.edge.codec import decode_inputs, encode_response, requested_outputs
 from evenflow.server.models.spec import TensorSpec
@@ -114,3 +114,19 @@ def test_requested_outputs_and_encoding() -> None:
     request.outputs.add(name="nope")
     with pytest.raises(InvalidRequest, match="unknown requested output 'nope'"):
         requested_outputs(request, specs)
+
+
+def test_raw_outputs_are_sent_in_their_declared_dtype() -> None:
+    """argmax gives torch int64 under an INT32 spec: raw_output_contents must hold INT32's
+    4 bytes an element, as the datatype label says."""
+    specs = [TensorSpec("y", "INT32", (-1, 3)), TensorSpec("z", "FP16", (-1, 3))]
+    wide = np.arange(6, dtype=np.int64).reshape(2, 3)
+    halves = np.full((2, 3), 0.5, np.float32)
+    response = encode_response(pb.ModelInferRequest(model_name="m"), specs, [0, 1],
+                               [wide, halves])
+    assert [o.datatype for o in response.outputs] == ["INT32", "FP16"]
+    y, z = response.raw_output_contents
+    assert len(y) == 4 * wide.size and np.frombuffer(y, "<i4").tolist() == list(range(6))
+    assert len(z) == 2 * halves.size and set(np.frombuffer(z, "<f2").tolist()) == {0.5}
+    with pytest.raises(EvenflowError, match="outside"):
+        encode_response(pb.ModelInferRequest(), specs, [0], [wide * 2**40, halves])

@@ -4,6 +4,7 @@ edge with a hand-written model directory and control calls; no HTTP server, no s
 from __future__ import annotations
 
 import asyncio
+import gzip
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +16,9 @@ import pytest
 
 from evenflow.proto import evenflow_pb2
 from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.server.edge.rest import api
 from evenflow.server.edge.rest.api import RestApi, route_of
+from evenflow.server.edge.rest.http_port import HttpPort, HttpSettings
 from evenflow.server.edge.rest.proto_json import to_json
 from evenflow.server.edge.rest.replies import HttpError
 from tests.unit.test_edge_servicer import Edge, FakeModel, make_edge
@@ -59,14 +62,29 @@ class Harness:
 
     async def request(self, method: str, path: str, body: bytes | Sequence[bytes] = b"",
                       headers: Sequence[tuple[bytes, bytes]] = ()) -> Answer:
+        start, *bodies = await self.exchange(method, path, body, headers)
+        return Answer(start["status"], dict(start["headers"]),
+                      b"".join(bytes(m["body"]) for m in bodies))
+
+    async def exchange(self, method: str, path: str, body: bytes | Sequence[bytes] = b"",
+                       headers: Sequence[tuple[bytes, bytes]] = (),
+                       gone: asyncio.Event | None = None) -> list[dict[str, Any]]:
+        """The ASGI messages the application sent. As an ASGI server does, ``receive`` after
+        the body blocks until the client goes away: until ``gone`` is set (never without)."""
         chunks = [body] if isinstance(body, bytes) else list(body)
         if isinstance(body, bytes) and not any(k == b"content-length" for k, _ in headers):
             headers = [*headers, (b"content-length", str(len(body)).encode())]
         sent: list[dict[str, Any]] = []
+        body_read = False
 
         async def receive() -> dict[str, Any]:
+            nonlocal body_read
+            if body_read:
+                await (gone or asyncio.Event()).wait()
+                return {"type": "http.disconnect"}
             self.received.append(len(chunks))
             chunk = chunks.pop(0) if chunks else b""
+            body_read = not chunks
             return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
 
         async def send(message: dict[str, Any]) -> None:
@@ -74,9 +92,7 @@ class Harness:
 
         scope = {"type": "http", "method": method, "path": path, "headers": list(headers)}
         await self.api(scope, receive, send)
-        start, *bodies = sent
-        return Answer(start["status"], dict(start["headers"]),
-                      b"".join(bytes(m["body"]) for m in bodies))
+        return sent
 
 
 def harness(*, token: str | None = None, model: FakeModel | None = None) -> Harness:
@@ -188,6 +204,18 @@ async def test_a_chunked_body_is_cut_once_it_grows_past_the_limit() -> None:
     assert len(h.received) == 5  # refused at the fifth KiB, the rest never read
 
 
+async def test_a_compressed_body_inflating_past_the_limit_is_413_not_400() -> None:
+    h = harness()
+    body = gzip.compress(bytes(LIMIT_BYTES + 1))
+    assert len(body) < LIMIT_BYTES
+    answer = await h.request("POST", "/v2/models/m/infer", body,
+                             headers=[(b"content-encoding", b"gzip")])
+    assert answer.status == 413 and "inflates past" in answer.json()["error"]
+    fits = await h.request("POST", "/v2/models/m/infer", gzip.compress(infer_body()),
+                           headers=[(b"content-encoding", b"gzip")])
+    assert fits.status == 200
+
+
 async def test_draining_refuses_new_inference_with_503_and_readiness_follows() -> None:
     h = harness()
     h.edge.servicer.drain()
@@ -279,3 +307,71 @@ async def test_every_error_names_the_grpc_status_it_stands_for() -> None:
         grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], "busy", b"")
     busy = await h.request("GET", "/v2/models/m/config")
     assert busy.status == 503 and busy.headers[b"evenflow-status"] == b"RESOURCE_EXHAUSTED"
+
+
+async def test_an_inference_whose_client_goes_away_is_cancelled_and_not_answered() -> None:
+    h = harness(model=FakeModel(auto=False))
+    gone = asyncio.Event()
+    call = asyncio.create_task(h.exchange("POST", "/v2/models/m/infer", infer_body(),
+                                          gone=gone))
+    submitted = await h.edge.model.next_request()
+    gone.set()  # uvicorn's receive() says http.disconnect
+    assert await asyncio.wait_for(call, 2.0) == []  # nothing sent to the dead connection
+    assert submitted.answer.cancelled()  # the balancer drops it: slot and batch share freed
+    assert h.edge.failures == []  # not a failure, as a cancelled gRPC call is not
+    assert await h.edge.servicer.answered(0.0) == 0  # a drain does not wait for it
+
+
+async def test_an_answer_that_beats_the_disconnect_is_sent() -> None:
+    h = harness(model=FakeModel(auto=False))
+    call = asyncio.create_task(h.request("POST", "/v2/models/m/infer", infer_body()))
+    (await h.edge.model.next_request()).double()
+    answer = await asyncio.wait_for(call, 2.0)
+    assert answer.status == 200 and answer.json()["outputs"][0]["shape"] == [2, 4]
+
+
+@pytest.mark.parametrize(("path", "body", "words"), [
+    ("/v2/repository/models/m/load", b'{"parameters": {"x": 9223372036854775808}}', "int64"),
+    ("/v2/repository/models/m/unload", b'{"parameters": {"x": -9223372036854775809}}', "int64"),
+    ("/v2/repository/index", b"[" * 1000, "nested"),
+])
+async def test_control_bodies_that_protobuf_or_json_cannot_take_are_400(
+        path: str, body: bytes, words: str) -> None:
+    h = harness()
+    h.control.answers["/inference.GRPCInferenceService/RepositoryModelLoad"] = (0, "", b"")
+    answer = await h.request("POST", path, body)
+    assert answer.status == 400 and words in answer.json()["error"]
+    assert answer.headers[b"content-type"] == b"application/json"
+
+
+async def test_a_bug_is_a_json_500_with_the_internal_status(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    h = harness()
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(api, "to_json", broken)
+    answer = await h.request("GET", "/v2")
+    assert answer.status == 500 and "internal" in answer.json()["error"]
+    assert answer.headers[b"evenflow-status"] == b"INTERNAL"
+    assert [r.exc_info[0] for r in caplog.records if r.exc_info] == [RuntimeError]  # once
+
+
+async def test_over_a_real_port_a_client_that_hangs_up_cancels_its_inference() -> None:
+    """uvicorn tells of the disconnect only through receive(): the API must be listening."""
+    h = harness(model=FakeModel(auto=False))
+    port = HttpPort(h.api, name="test")
+    number = await port.start(HttpSettings("127.0.0.1", 0))
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", number)
+        body = infer_body()
+        writer.write(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n"
+                     b"\r\n%s" % (len(body), body))
+        submitted = await h.edge.model.next_request()
+        writer.close()
+        await writer.wait_closed()
+        await asyncio.wait_for(asyncio.gather(submitted.answer, return_exceptions=True), 2.0)
+        assert submitted.answer.cancelled()
+    finally:
+        await port.close(0.5)

@@ -13,7 +13,12 @@ import tritonclient.http as httpclient
 from tritonclient.http._utils import _get_inference_request
 
 from evenflow.balancer import InvalidRequest
-from evenflow.server.edge.rest.compression import choose_encoding, decode_body, encode_body
+from evenflow.server.edge.rest.compression import (
+    BodyTooLarge,
+    choose_encoding,
+    decode_body,
+    encode_body,
+)
 from evenflow.server.edge.rest.tensors import decode_inputs, encode_response, parse_request
 from evenflow.server.models.spec import TensorSpec
 
@@ -69,7 +74,7 @@ def test_a_zip_bomb_is_refused_without_inflating_it() -> None:
     assert len(bomb) < MiB // 2  # 256 MiB of zeros
     tracemalloc.start()
     try:
-        with pytest.raises(InvalidRequest, match=f"inflates past the server's limit of {MiB} "
+        with pytest.raises(BodyTooLarge, match=f"inflates past the server's limit of {MiB} "
                                                  f"bytes \\({len(bomb)} bytes of gzip\\)"):
             decode_body(bomb, "gzip", MiB)
         _, peak_bytes = tracemalloc.get_traced_memory()
@@ -81,9 +86,9 @@ def test_a_zip_bomb_is_refused_without_inflating_it() -> None:
 def test_a_body_at_the_limit_is_accepted() -> None:
     data = bytes(1000)
     assert decode_body(gzip.compress(data), "gzip", 1000) == data
-    with pytest.raises(InvalidRequest, match="inflates past the server's limit of 999 bytes"):
+    with pytest.raises(BodyTooLarge, match="inflates past the server's limit of 999 bytes"):
         decode_body(gzip.compress(data), "gzip", 999)
-    with pytest.raises(InvalidRequest, match="over the server's limit of 999 bytes"):
+    with pytest.raises(BodyTooLarge, match="over the server's limit of 999 bytes"):
         decode_body(data, None, 999)
 
 

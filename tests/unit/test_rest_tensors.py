@@ -3,6 +3,7 @@ other side (wire compatibility), every datatype both ways, and every refusal's w
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from tritonclient.http._utils import _get_inference_request
 
-from evenflow.balancer import InvalidRequest
+from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest
 from evenflow.server.edge.datatypes import WIRE_TYPES
 from evenflow.server.edge.rest.tensors import (
     RestRequest,
@@ -513,3 +514,35 @@ def test_a_long_unknown_field_is_quoted_in_part() -> None:
     with pytest.raises(InvalidRequest) as info:
         parse_request(*json_body({"inputs": [], "x" * 100_000: 1}))
     assert "unknown field `xxx" in str(info.value) and len(str(info.value)) < 400
+
+
+def test_an_output_in_a_wider_dtype_goes_out_in_its_declared_one() -> None:
+    """argmax gives torch int64 under an INT32 spec: the bytes must be INT32's, or tritonclient
+    cannot reshape them."""
+    specs = [TensorSpec("t", "INT32", (-1, 3))]
+    body, header_length = client_request({"t": ("INT32", SAMPLES["INT32"], True)}, {"t": True})
+    request = parse_request(body, header_length)
+    wide = np.arange(6, dtype=np.int64).reshape(2, 3)
+    result = client_result(request, specs, [wide])
+    assert result.get_output("t")["parameters"]["binary_data_size"] == 4 * wide.size
+    returned = result.as_numpy("t")
+    assert returned.dtype == np.int32 and returned.tolist() == wide.tolist()
+    as_json = parse_request(*client_request({"t": ("INT32", SAMPLES["INT32"], False)},
+                                            {"t": False}))
+    (header,), _ = encode_response(as_json, "m", "1", specs, [0], [wide])
+    assert msgspec.json.decode(header)["outputs"][0]["data"] == list(range(6))
+
+
+@pytest.mark.parametrize(("datatype", "array", "words"), [
+    ("INT32", np.array([[2**31, 0, 0]], np.int64), "outside [-2147483648, 2147483647]"),
+    ("UINT8", np.array([[-1, 0, 0]], np.int64), "outside [0, 255]"),
+    ("INT32", np.array([[1.5, 0, 0]], np.float32), "returned float32 values"),
+    ("BOOL", np.array([[2, 0, 1]], np.uint8), "outside [0, 1]"),
+])
+def test_an_output_its_declared_dtype_cannot_carry_is_an_internal_error(
+        datatype: str, array: np.ndarray, words: str) -> None:
+    specs = [TensorSpec("t", datatype, (-1, 3))]
+    request = parse_request(b'{"inputs": []}', None)
+    with pytest.raises(EvenflowError, match=re.escape(words)) as info:
+        encode_response(request, "m", "1", specs, [0], [array])
+    assert info.value.code is ErrorCode.INTERNAL

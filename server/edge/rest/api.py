@@ -11,10 +11,11 @@ of the engine."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Awaitable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -51,10 +52,12 @@ from evenflow.server.observability import cpu_accounting
 logger = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 
 _KSERVE = "/inference.GRPCInferenceService/"
 _STATS = "/evenflow.v1.EvenflowStats/GetStats"
 _OK = grpc.StatusCode.OK.value[0]
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 class ControlCalls(Protocol):
@@ -152,25 +155,41 @@ class RestApi:
             return
         headers = _headers(scope["headers"])
         method = scope["method"]
+        sent = False
+
+        async def tracked(message: ASGIMessage) -> None:
+            nonlocal sent
+            sent = True
+            await send(message)
+
         try:
             route = route_of(method, scope["path"])
             self._authorize(route, headers)
             if route.kind == "infer" and not self._edge.draining:
                 # Counted until its answer is written: a drain waits for it.
                 with self._edge.open_request():
-                    reply = await self._infer(route, headers, await self._body(headers, receive))
-                    await send_reply(send, reply, headers, head_only=False)
+                    reply = await self._infer(route, headers, await self._body(headers, receive),
+                                              receive)
+                    await send_reply(tracked, reply, headers, head_only=False)
                 return
             body = await self._body(headers, receive)
             if route.kind == "infer":
-                reply = await self._infer(route, headers, body)
+                reply = await self._infer(route, headers, body, receive)
             else:
                 reply = await self._dispatch(route, body)
         except HttpError as error:
             reply = error.reply()
         except _Disconnected:
             return
-        await send_reply(send, reply, headers, head_only=method == "HEAD")
+        except Exception:
+            if sent:
+                raise  # the response began: uvicorn logs it and closes the connection
+            # A bug: without this, uvicorn would answer a plain-text 500; the client gets the
+            # JSON error and status header every error has, and the log the traceback, once.
+            logger.exception("HTTP %s %s failed inside the server", method, scope["path"][:200])
+            reply = error_reply(500, "internal server error; see the server log",
+                                [status_header("INTERNAL")])
+        await send_reply(tracked, reply, headers, head_only=method == "HEAD")
 
     def _authorize(self, route: Route, headers: Mapping[bytes, bytes]) -> None:
         if not self._guarded or route.kind in _OPEN:
@@ -214,11 +233,14 @@ class RestApi:
         if encoding is not None and body:
             try:
                 body = compression.decode_body(body, encoding.decode("latin-1"), limit)
+            except compression.BodyTooLarge as exc:  # read whole: the connection stays usable
+                raise HttpError(413, f"{exc} (--max-message-bytes)") from exc
             except EvenflowError as exc:
                 raise HttpError(http_status_of(exc), str(exc)) from exc
         return body
 
-    async def _infer(self, route: Route, headers: Mapping[bytes, bytes], body: bytes) -> Reply:
+    async def _infer(self, route: Route, headers: Mapping[bytes, bytes], body: bytes,
+                     receive: Receive) -> Reply:
         edge = self._edge
         request_id = ""
         try:
@@ -226,7 +248,9 @@ class RestApi:
             request = tensors.parse_request(body, _header_length(headers))
             request_id = request.id or ""
             model = await edge.model(route.model, route.version)
-            return await self._run(route, request, model)
+            return await self._run(route, request, model, receive)
+        except _Disconnected:
+            raise  # nobody to answer, and not a failure: gRPC's cancelled calls are not counted
         except EvenflowError as exc:
             error = exc
         except Exception as exc:  # a server bug: 500, logged, and the server keeps serving
@@ -235,8 +259,8 @@ class RestApi:
         return error_reply(http_status_of(error), str(error),
                            [status_header(status_of(error).name)])
 
-    async def _run(self, route: Route, request: tensors.RestRequest, model: InferTarget
-                   ) -> Reply:
+    async def _run(self, route: Route, request: tensors.RestRequest, model: InferTarget,
+                   receive: Receive) -> Reply:
         specs = model.definition
         cpu = model.cpu_parts
         clock = time.thread_time if cpu is not None else cpu_accounting.no_clock
@@ -247,7 +271,7 @@ class RestApi:
         chosen = tensors.requested_outputs(request, specs.outputs)
         answer, lengths = submit_arrays(model, arrays, num_samples, deadline_s,
                                         request.priority, started_s, clock)
-        outputs = await answer
+        outputs = await _unless_disconnected(answer, receive)
         if lengths:
             outputs = shapes.cut_outputs(outputs, specs.outputs, lengths)
         encoding_s = clock()
@@ -327,6 +351,41 @@ class RestApi:
         return response.FromString(data)
 
 
+async def _unless_disconnected(answer: Awaitable[T], receive: Receive) -> T:
+    """``answer``'s result, unless the client goes away first: then the answer is cancelled
+    and _Disconnected raised. uvicorn never cancels the application's task when a client
+    disconnects; it tells only through ``receive``, which after the body blocks until then
+    (ASGI). A cancelled answer is what a cancelled gRPC call leaves: the balancer drops it
+    from its queue (counted as dropped, "cancelled") and its admission slot is freed.
+
+    The watch cancels the answer from a callback, and this task awaits the answer alone: a
+    third of the cost of ``asyncio.wait`` on both (about 10 us a request against 45)."""
+    future = asyncio.ensure_future(answer)  # a front-end's answer is a coroutine
+    watch = asyncio.ensure_future(_disconnect(receive))
+    watch.add_done_callback(lambda _: future.cancel())  # no-op once answered
+    try:
+        return await future  # this task cancelled: the answer is cancelled with it
+    except asyncio.CancelledError:
+        if watch.done() and not watch.cancelled():
+            raise _Disconnected from None
+        raise
+    finally:
+        watch.cancel()
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Return once the client has gone away. Any other message (after the body, an ASGI server
+    sends none), or a receive that fails, means this server will not tell: then wait for
+    nothing, and the answer is awaited as it would be without a watch."""
+    try:
+        message = await receive()
+    except Exception:
+        logger.debug("receive() failed while an answer was awaited", exc_info=True)
+        message = {}
+    if message.get("type") != "http.disconnect":
+        await asyncio.Event().wait()
+
+
 def _headers(raw: list[tuple[bytes, bytes]]) -> dict[bytes, bytes]:
     return dict(raw)  # ASGI servers give lower-case names
 
@@ -349,6 +408,8 @@ def _json_object(body: bytes) -> dict[str, Any]:
         document = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise HttpError(400, f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise HttpError(400, "the request body's JSON is nested too deeply") from None
     if not isinstance(document, dict):
         raise HttpError(400, "the request body must be a JSON object")
     return document
@@ -364,6 +425,8 @@ def _repository_parameters(value: Any) -> dict[str, pb.ModelRepositoryParameter]
         if isinstance(item, bool):
             parameters[key] = pb.ModelRepositoryParameter(bool_param=item)
         elif isinstance(item, int):
+            if not _INT64_MIN <= item <= _INT64_MAX:  # protobuf would raise ValueError
+                raise HttpError(400, f"parameter {key[:64]!r} is out of the int64 range")
             parameters[key] = pb.ModelRepositoryParameter(int64_param=item)
         elif isinstance(item, str):
             parameters[key] = pb.ModelRepositoryParameter(string_param=item)

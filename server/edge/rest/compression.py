@@ -22,10 +22,15 @@ _RAW_WBITS = -zlib.MAX_WBITS  # bare deflate, which some clients send as "deflat
 _LEVEL = 1
 
 
+class BodyTooLarge(InvalidRequest):
+    """A body that inflates past the limit: the REST API answers 413, as for a body sent over
+    it, not the 400 of a bad request."""
+
+
 def decode_body(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
     """``body`` decompressed as ``content_encoding`` says (None or identity: as it is), at most
-    ``max_bytes`` of it: a body that would inflate further is refused after inflating only
-    ``max_bytes + 1`` bytes of it."""
+    ``max_bytes`` of it: a body that would inflate further is refused (BodyTooLarge) after
+    inflating only ``max_bytes + 1`` bytes of it."""
     encoding = (content_encoding or "").strip().lower()
     if encoding in _IDENTITY:
         decoded = body
@@ -35,7 +40,7 @@ def decode_body(body: bytes, content_encoding: str | None, max_bytes: int) -> by
         raise InvalidRequest(f"Content-Encoding {encoding[:32]!r} is not supported; send "
                              f"{', '.join(ENCODINGS)} or identity")
     if len(decoded) > max_bytes:
-        raise InvalidRequest(f"the request body is over the server's limit of {max_bytes} bytes")
+        raise BodyTooLarge(f"the request body is over the server's limit of {max_bytes} bytes")
     return decoded
 
 
@@ -51,8 +56,8 @@ def _inflate(body: bytes, encoding: str, max_bytes: int) -> bytes:
     except zlib.error as exc:
         raise InvalidRequest(f"the request body is not valid {encoding} data: {exc}") from None
     if len(decoded) > max_bytes:
-        raise InvalidRequest(f"the request body inflates past the server's limit of {max_bytes} "
-                             f"bytes ({len(body)} bytes of {encoding})")
+        raise BodyTooLarge(f"the request body inflates past the server's limit of {max_bytes} "
+                           f"bytes ({len(body)} bytes of {encoding})")
     if not inflater.eof:
         raise InvalidRequest(f"the request body's {encoding} data is truncated")
     if inflater.unused_data:

@@ -8,12 +8,18 @@ process's signals and the loop's life, which belong to evenflow. What is added h
 - a request-head deadline: from the connection's start (or a request's first byte) to the end
   of its head, at most ``head_timeout_s``; then 408 and the connection is closed, so a client
   sending a byte a second holds nothing for long;
+- a request-body deadline, its mirror: from the end of the head to the end of the body, at
+  most ``body_timeout_s``; then 408 and close. Either deadline that passes while earlier
+  pipelined requests are still being answered (when uvicorn may not be reading) starts again
+  once they are;
 - a head-size limit (431), which httptools does not have;
+- refusals (400, 408, 431) written after the answers to the requests before them, never
+  into the middle of one;
 - a connection cap: past ``max_connections`` open connections (or requests in flight) a request
   is answered 503 at once (uvicorn's ``limit_concurrency``);
 - TLS from evenflow's files, SO_REUSEPORT where front-end processes share the port;
 - ``close``: the listener closes, idle connections close, what is being answered is finished
-  (up to a limit), then what is left is cut.
+  (up to a limit), then what is left is cut (aborted: its unsent bytes are dropped).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import formatdate
@@ -29,7 +36,7 @@ from typing import Any
 
 import msgspec
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from evenflow.server.edge.port_errors import PortUnavailable
@@ -40,10 +47,12 @@ logger = logging.getLogger(__name__)
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]
 
 HEAD_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 60.0  # 64 MiB, the default body limit, at a little over 1 MiB/s
 MAX_HEAD_BYTES = 64 * 1024
 MAX_CONNECTIONS = 4096
 KEEP_ALIVE_S = 75  # idle keep-alive: longer than the usual client pool's (60 s)
 CLOSE_S = 5.0  # how long ``close`` waits for responses being written
+_ABORTED_S = 1.0  # how long it waits for the connections it cut to be gone
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,7 @@ class HttpSettings:
     shared: other processes listen on the same port (SO_REUSEPORT).
     tls: serve HTTPS with these files (client certificates required where they name a CA).
     head_timeout_s, max_head_bytes: the request-head deadline and size limit.
+    body_timeout_s: the request-body deadline, from the end of its head.
     max_connections: open connections (or requests in flight) beyond which a request hears
         503 and its connection is closed.
     keep_alive_s: how long an idle keep-alive connection stays open.
@@ -64,6 +74,7 @@ class HttpSettings:
     shared: bool = False
     tls: TlsFiles | None = None
     head_timeout_s: float = HEAD_TIMEOUT_S
+    body_timeout_s: float = BODY_TIMEOUT_S
     max_head_bytes: int = MAX_HEAD_BYTES
     max_connections: int = MAX_CONNECTIONS
     keep_alive_s: int = KEEP_ALIVE_S
@@ -80,111 +91,180 @@ class _State(ServerState):
 
 
 class _Protocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline and a size limit on each request head."""
+    """uvicorn's httptools protocol with deadlines on each request's head and body, a size
+    limit on its head, and refusals (400, 408, 431) written only once the answers due before
+    them are: a pipelined bad request never cuts off the response being written."""
 
     head_timeout_s = HEAD_TIMEOUT_S
+    body_timeout_s = BODY_TIMEOUT_S
     max_head_bytes = MAX_HEAD_BYTES
     max_connections = MAX_CONNECTIONS
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._input_timer: asyncio.TimerHandle | None = None  # the head's or body's deadline
+        # The deadline passed while earlier requests were being answered: uvicorn may not have
+        # been reading (a pipelined request waits unread), so a new one starts once they are.
+        self._late = False
         self._head_bytes = self._wire_head_bytes = 0
         self._in_head = True  # between a message's end (or the connection's start) and a head's
-        self._bad_request: bytes | None = None  # a parse error behind requests still answered
+        self._reading: RequestResponseCycle | None = None  # the request whose body is read
+        self._running: RequestResponseCycle | None = None  # the request being answered
+        self._refusing = False  # a request was refused: nothing after it is parsed
+        self._refusal: tuple[int, bytes] | None = None  # written once earlier answers are
         super().connection_made(transport)
-        self._arm_head_timer()
+        self._arm_input_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cancel_head_timer()
+        self._cancel_input_timer()
         super().connection_lost(exc)
         if not self.connections and isinstance(self.server_state, _State):
             self.server_state.all_closed.set()
 
     def data_received(self, data: bytes) -> None:
+        if self._refusing:
+            return  # read (so a client's close is seen), not parsed
         # Bytes read since the last message ended: a head still incomplete after this many is
         # too large (checked after parsing: the read that ends a head may carry a large body;
         # a whole head within one read is checked in ``on_headers_complete``).
         if self._in_head:
             self._wire_head_bytes += len(data)
         super().data_received(data)
-        if self._in_head and self._wire_head_bytes > self.max_head_bytes:
-            self._refuse(431, b"request head too large")
+        if self._in_head and not self._refusing and self._wire_head_bytes > self.max_head_bytes:
+            self._refuse_in_turn(431, b"request head too large")
+
+    # The parser's callbacks. After a refusal the rest of what was read in the same call is
+    # still parsed; ignored, so none of it reaches a request (the refused one has no cycle).
+
+    def on_message_begin(self) -> None:
+        if self._refusing:
+            return
+        super().on_message_begin()
+        self._head_bytes = 0
+        if self._input_timer is None and not self._late:
+            self._arm_input_timer()
 
     def on_url(self, url: bytes) -> None:
+        if self._refusing:
+            return
         self._head_bytes += len(url)
         super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        if self._refusing:
+            return
         self._head_bytes += len(name) + len(value) + 4  # ": " and CRLF
         super().on_header(name, value)
 
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._head_bytes = 0
-        if self._head_timer is None:
-            self._arm_head_timer()
-
-    def on_message_complete(self) -> None:
-        super().on_message_complete()
-        self._in_head = True
-        self._wire_head_bytes = 0
-
     def on_headers_complete(self) -> None:
-        self._in_head = False
-        self._cancel_head_timer()
-        if self._head_bytes > self.max_head_bytes:  # a whole head in one packet
-            self._refuse(431, b"request head too large")
+        if self._refusing:
             return
+        self._in_head = False
+        self._cancel_input_timer()
+        self._late = False
+        if self._head_bytes > self.max_head_bytes:  # a whole head in one packet
+            self._refuse_in_turn(431, b"request head too large")
+            return
+        queued = len(self.pipeline)
         cap = self.max_connections
         if len(self.connections) <= cap and len(self.tasks) < cap:
             super().on_headers_complete()
+        else:
+            app, self.app = self.app, _over_capacity  # read by uvicorn for this request only
+            try:
+                super().on_headers_complete()
+            finally:
+                self.app = app
+        if len(self.pipeline) == queued:  # not queued behind an answer: started
+            self._running = self.cycle
+        self._reading = self.cycle
+        self._arm_input_timer()  # the body's (a bodiless request's ends at once, cancelling it)
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refusing:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._refusing:
             return
-        app, self.app = self.app, _over_capacity  # read by uvicorn for this request only
-        try:
-            super().on_headers_complete()
-        finally:
-            self.app = app
+        super().on_message_complete()
+        self._cancel_input_timer()
+        self._late = False
+        self._reading = None
+        self._in_head = True
+        self._wire_head_bytes = 0
 
     def send_400_response(self, msg: str) -> None:
-        """Bytes that are not HTTP: 400 and close, once the requests before them (in flight,
-        or pipelined behind) have had their answers."""
-        message = msg.encode("ascii", "replace")
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete and cycle.more_body:
-            self._refuse(400, message)  # the request being read is the bad one
-            return
-        if self._answering():
-            self._bad_request = message
-            self.transport.pause_reading()  # the parser is dead: nothing more to read
-            return
-        self._refuse(400, message)
+        """Bytes that are not HTTP: 400 and close, once the requests before them have had
+        their answers (the request whose body they are in, if any, is not answered)."""
+        self._refuse_in_turn(400, msg.encode("ascii", "replace"))
 
     def on_response_complete(self) -> None:
+        waiting = self.pipeline[-1][0] if self.pipeline else None  # uvicorn starts it next
         super().on_response_complete()
-        if self._bad_request is not None and not self._answering():
-            self._refuse(400, self._bad_request)
+        if waiting is not None and (not self.pipeline or self.pipeline[-1][0] is not waiting):
+            self._running = waiting
+        if self._answers_before():
+            return
+        if self._refusal is not None:
+            self._refuse(*self._refusal)
+        elif self._late and not self.transport.is_closing():
+            self._late = False
+            self._arm_input_timer()
 
-    def _answering(self) -> bool:
-        return bool(self.pipeline) or (self.cycle is not None
-                                       and not self.cycle.response_complete)
+    def _answers_before(self) -> bool:
+        """Whether responses are due on this connection before the request being read (in
+        its head, or in its body) could be refused: an answer being written, or requests
+        queued to be answered, other than the request being read itself."""
+        running, reading = self._running, self._reading
+        if running is not None and not running.response_complete \
+                and (running is not reading or running.response_started):
+            return True
+        return any(cycle is not reading for cycle, _ in self.pipeline)
 
-    def _arm_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_timed_out)
+    def _arm_input_timer(self) -> None:
+        timeout_s = self.head_timeout_s if self._in_head else self.body_timeout_s
+        self._input_timer = self.loop.call_later(timeout_s, self._input_timed_out)
 
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _cancel_input_timer(self) -> None:
+        if self._input_timer is not None:
+            self._input_timer.cancel()
+            self._input_timer = None
 
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        if self.cycle is not None and not self.cycle.response_complete:
-            return  # answering a request (a pipelined one waits): not idle in a head
-        self._refuse(408, b"request head not received in time")
+    def _input_timed_out(self) -> None:
+        self._input_timer = None
+        if self._answers_before():
+            self._late = True
+            return
+        reading = self._reading
+        if reading is None:
+            self._refuse_in_turn(408, b"request head not received in time")
+        elif not reading.response_started:
+            self._refuse_in_turn(408, b"request body not received in time")
+        else:  # answered before its body came (a 404, say): the rest of it is not waited for
+            self._refusing = True
+            self.transport.close()
+
+    def _refuse_in_turn(self, status: int, message: bytes) -> None:
+        """Refuse the request being read with ``status``, and close: at once, or once the
+        answers due before it are written. Nothing after it is parsed, and it is not
+        answered itself (taken out of the queue, if it waits there)."""
+        self._refusing = True
+        self._cancel_input_timer()
+        reading = self._reading
+        if reading is not None:
+            self.pipeline = deque(entry for entry in self.pipeline if entry[0] is not reading)
+        if self._answers_before():
+            self._refusal = (status, message)
+            return
+        self._refuse(status, message)
 
     def _refuse(self, status: int, message: bytes) -> None:
-        """Answer ``status`` with a JSON error and close: the connection is not reusable."""
-        self._cancel_head_timer()
+        """Answer ``status`` with a JSON error and close: the connection is not reusable. A
+        request whose application runs (reading its body) hears that its client went away."""
+        self._refusing = True
+        self._refusal = None
+        self._cancel_input_timer()
+        self._unset_keepalive_if_required()
         if self.transport.is_closing():
             return
         body = msgspec.json.encode({"error": message.decode("ascii", "replace")})
@@ -228,7 +308,8 @@ class HttpPort:
                                 timeout_keep_alive=settings.keep_alive_s)
         config.load()
         protocol = type("Protocol", (_Protocol,), {
-            "head_timeout_s": settings.head_timeout_s, "max_head_bytes": settings.max_head_bytes,
+            "head_timeout_s": settings.head_timeout_s, "body_timeout_s": settings.body_timeout_s,
+            "max_head_bytes": settings.max_head_bytes,
             "max_connections": settings.max_connections})
         state = self._state
         self._tick_date()
@@ -272,7 +353,7 @@ class HttpPort:
 
     async def close(self, timeout_s: float = CLOSE_S) -> None:
         """Stop listening, close idle connections, let responses being written finish (up
-        to ``timeout_s``), then close what is left. Idempotent."""
+        to ``timeout_s``), then cut what is left. Idempotent."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
@@ -284,10 +365,16 @@ class HttpPort:
                     await asyncio.wait_for(self._state.all_closed.wait(), timeout_s)
             left = list(self._state.connections)
             if left:
-                logger.warning("%s: closing %d connections still answering", self._name,
+                logger.warning("%s: cutting %d connections still answering", self._name,
                                len(left))
-            for connection in left:
-                connection.transport.close()
+                for connection in left:
+                    # abort, not close: close would wait for a client that does not read to
+                    # take the response still buffered, and keep the connection open as long.
+                    connection.transport.abort()
+                # Each abort's connection_lost runs on the next loop turn: waited for, so none
+                # is open when this returns (bounded, should a transport never call it).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._state.all_closed.wait(), _ABORTED_S)
             for task in list(self._state.tasks):
                 task.cancel()
             await asyncio.gather(*self._state.tasks, return_exceptions=True)

@@ -303,7 +303,7 @@ def encode_response(request: RestRequest, model_name: str, model_version: str,
     buffers: list[bytes | memoryview] = []
     for index in chosen:
         spec = specs[index]
-        array = arrays[index]
+        array = codec.wire_array(spec, arrays[index])
         entry: dict[str, Any] = {"name": spec.name, "datatype": spec.datatype,
                                  "shape": list(array.shape)}
         if binary_by_name.get(spec.name, request.binary_output):
