@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
 from functools import partial
 from types import TracebackType
@@ -12,7 +13,7 @@ import numpy as np
 from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import AsyncGrpcTransport
 from evenflow.client._http_aio import AsyncHttpTransport
-from evenflow.client._retry import Retries
+from evenflow.client._retry import Resend, Retries, any_unavailable, not_delivered
 from evenflow.client._transport import AsyncTransport
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
@@ -30,11 +31,16 @@ class AsyncClient:
                                          timeout_s=1.0)
             y = outputs["y"]
 
-    ``timeout_s`` is the call's deadline, sent to the server too (gRPC's deadline; over HTTP
-    Triton's ``timeout`` parameter). Calls that fail with UNAVAILABLE (no connection, or a
-    server that cannot serve now) are retried ``retries`` times with exponential backoff from
-    ``retry_backoff_s``; every other failure raises an ``InferenceServerError`` subclass at
-    once. Over HTTP the pool keeps ``options.max_connections`` connections alive.
+    ``timeout_s`` is the call's deadline, retries included, sent to the server too (gRPC's
+    deadline; over HTTP Triton's ``timeout`` parameter): each attempt gets the time left.
+    Calls that fail with UNAVAILABLE (no connection, or a server that cannot serve now) are
+    retried up to ``retries`` times with exponential backoff from ``retry_backoff_s``, while
+    the deadline lasts; every other failure raises an ``InferenceServerError`` subclass at
+    once. Over HTTP an ``infer`` is retried only when the server cannot have run it (no
+    connection was made, or the server answered UNAVAILABLE); a connection lost after the
+    request was sent is raised, not retried. Over HTTP the pool keeps
+    ``options.max_connections`` connections alive; waiting for a free one counts against
+    ``timeout_s``.
     """
 
     def __init__(self, url: str, *, protocol: Protocol | None = None,
@@ -46,6 +52,9 @@ class AsyncClient:
         self.protocol, self._transport = open_transport(
             url, protocol, credentials, options, AsyncHttpTransport, AsyncGrpcTransport)
         self._retries = Retries(retries, retry_backoff_s)
+        # Over HTTP an infer is resent only where the server cannot have run it (``_retry``).
+        self._resend_infer: Resend = (any_unavailable if self.protocol == "grpc"
+                                      else not_delivered)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -58,28 +67,35 @@ class AsyncClient:
         await self._transport.close()
 
     async def server_live(self, *, timeout_s: float | None = None) -> bool:
-        return await self._retries.acall(partial(self._transport.server_live, timeout_s))
+        return await self._retries.acall(self._transport.server_live, timeout_s)
 
     async def server_ready(self, *, timeout_s: float | None = None) -> bool:
-        return await self._retries.acall(partial(self._transport.server_ready, timeout_s))
+        return await self._retries.acall(self._transport.server_ready, timeout_s)
 
     async def model_ready(self, name: str, *, timeout_s: float | None = None) -> bool:
-        return await self._retries.acall(partial(self._transport.model_ready, name, timeout_s))
+        return await self._retries.acall(partial(self._transport.model_ready, name), timeout_s)
 
     async def model_metadata(self, name: str, *,
                              timeout_s: float | None = None) -> ModelMetadata:
-        return await self._retries.acall(partial(self._transport.model_metadata, name,
-                                                 timeout_s))
+        return await self._retries.acall(partial(self._transport.model_metadata, name),
+                                         timeout_s)
 
     async def infer(self, model: str, inputs: Inputs, *, outputs: Sequence[str] | None = None,
                     timeout_s: float | None = None, request_id: str | None = None,
                     priority: int | None = None) -> dict[str, np.ndarray]:
         """Output name -> array (read-only views of the answer's bytes; BYTES outputs as
         object arrays of bytes)."""
-        request = self._transport.prepare(model, inputs, outputs, request_id, priority,
-                                          timeout_s)
-        return await self._retries.acall(partial(self._transport.infer, model, request,
-                                                 timeout_s))
+        # Every attempt sends the same id (the transports would draw a fresh one each time).
+        request_id = uuid.uuid4().hex if request_id is None else request_id
+
+        async def attempt(left_s: float | None) -> dict[str, np.ndarray]:
+            # Prepared per attempt: over HTTP the body carries the server's deadline, which
+            # for a retry is the time left.
+            request = self._transport.prepare(model, inputs, outputs, request_id, priority,
+                                              left_s)
+            return await self._transport.infer(model, request, left_s)
+
+        return await self._retries.acall(attempt, timeout_s, self._resend_infer)
 
     def stream_infer(self, model: str, inputs: AsyncIterable[Inputs] | Iterable[Inputs], *,
                      outputs: Sequence[str] | None = None,

@@ -1,9 +1,11 @@
 """The blocking HTTP/REST transport: urllib3, one keep-alive pool per client (``max_connections``
-connections; a caller beyond them waits for a free one)."""
+connections; a caller beyond them waits for a free one, within its ``timeout_s``)."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 
 import grpc
@@ -14,6 +16,7 @@ from urllib3.connectionpool import HTTPConnectionPool, connection_from_url
 from evenflow.client import _rest_codec as rest
 from evenflow.client._fanout import fan_out
 from evenflow.client._http_answer import Answer, health, too_large
+from evenflow.client._retry import unsent
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
 from evenflow.client.errors import InferenceServerError, error_for
@@ -30,6 +33,10 @@ class HttpTransport:
             else {}
         self._pool: HTTPConnectionPool = connection_from_url(
             base_url, maxsize=options.max_connections, block=True, **tls)
+        # One per pooled connection, taken before urllib3 is asked for one: urllib3 starts a
+        # request's timeout only once it has a connection, so the wait for a free one is
+        # measured here and taken off the time the request gets.
+        self._free = threading.BoundedSemaphore(options.max_connections)
         # Per call: urllib3 drops a pool's headers when a call brings its own.
         self._headers = credentials.headers if credentials is not None else {}
         self._prefix = urllib3.util.parse_url(base_url).path or ""
@@ -40,34 +47,61 @@ class HttpTransport:
     @contextlib.contextmanager
     def _failures(self, timeout_s: float | None) -> Iterator[None]:
         """urllib3's errors as the gRPC path's (its NewConnectionError is a TimeoutError
-        too: a refused connection is not a deadline)."""
+        too: a refused connection is not a deadline). Only a connection never made is
+        ``unsent``: any other failure may come after the server read the request."""
         try:
             yield
         except urllib3.exceptions.NewConnectionError as exc:
-            raise self._unavailable(exc) from exc
+            raise unsent(self._unavailable(exc)) from exc
         except urllib3.exceptions.TimeoutError as exc:
-            raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED,
-                            f"no answer from {self._base_url} within {timeout_s} s") from exc
+            raise self._deadline(timeout_s) from exc
+        except urllib3.exceptions.EmptyPoolError as exc:
+            raise self._no_connection(timeout_s) from exc
         except urllib3.exceptions.HTTPError as exc:
             raise self._unavailable(exc) from exc
+
+    def _deadline(self, timeout_s: float | None) -> InferenceServerError:
+        return error_for(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"no answer from {self._base_url} within {timeout_s} s")
+
+    def _no_connection(self, timeout_s: float | None) -> InferenceServerError:
+        return error_for(grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"no free connection to {self._base_url} within {timeout_s} s (all "
+                         f"max_connections={self._window} busy)")
 
     def _unavailable(self, exc: Exception) -> InferenceServerError:
         return error_for(grpc.StatusCode.UNAVAILABLE, f"cannot reach {self._base_url}: {exc}")
 
     def _request(self, method: str, path: str, timeout_s: float | None,
                  body: bytes | None = None, headers: dict[str, str] | None = None) -> Answer:
-        with self._failures(timeout_s):
-            response = self._pool.urlopen(method, self._prefix + path, body=body,
-                                          headers={**self._headers, **(headers or {})},
-                                          timeout=urllib3.Timeout(timeout_s),
-                                          **_STREAMED)
-            try:
-                size = response.headers.get("Content-Length")
-                if size is not None and size.isdigit() and int(size) > self._max_bytes:
-                    raise too_large(int(size), self._max_bytes)
-                data = response.read()
-            finally:
-                response.release_conn()
+        """``timeout_s`` bounds the whole request: the wait for a free connection, connecting,
+        sending and reading the answer."""
+        deadline_s = None if timeout_s is None else time.monotonic() + timeout_s
+        if not self._free.acquire(timeout=None if timeout_s is None else max(timeout_s, 0.0)):
+            raise self._no_connection(timeout_s)
+        try:
+            left_s = None if deadline_s is None else deadline_s - time.monotonic()
+            if left_s is not None and left_s <= 0:
+                raise self._deadline(timeout_s)
+            with self._failures(timeout_s):
+                # pool_timeout too: a connection is free (``_free``), but should urllib3
+                # still wait for one, that wait ends at the deadline as well.
+                response = self._pool.urlopen(method, self._prefix + path, body=body,
+                                              headers={**self._headers, **(headers or {})},
+                                              timeout=urllib3.Timeout(total=left_s),
+                                              # urllib3 annotates int, but hands it to
+                                              # queue.Queue.get, which takes float seconds
+                                              pool_timeout=left_s,  # type: ignore[arg-type]
+                                              **_STREAMED)
+                try:
+                    size = response.headers.get("Content-Length")
+                    if size is not None and size.isdigit() and int(size) > self._max_bytes:
+                        raise too_large(int(size), self._max_bytes)
+                    data = response.read()
+                finally:
+                    response.release_conn()
+        finally:
+            self._free.release()
         if len(data) > self._max_bytes:
             raise too_large(len(data), self._max_bytes)
         return Answer(response.status, data, response.headers.get(rest.HEADER_LENGTH),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from functools import partial
 from types import TracebackType
@@ -12,7 +13,7 @@ import numpy as np
 from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import GrpcTransport
 from evenflow.client._http import HttpTransport
-from evenflow.client._retry import Retries
+from evenflow.client._retry import Resend, Retries, any_unavailable, not_delivered
 from evenflow.client._transport import Transport
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
@@ -21,7 +22,8 @@ from evenflow.client.credentials import Credentials
 class Client:
     """Blocking client for any KServe v2 server (evenflow, Triton, MLServer), over gRPC
     (``HOST:PORT``, the default) or HTTP/REST (an ``http://`` or ``https://`` URL, or
-    ``protocol="http"``); the same calls, answers and errors over both, as ``AsyncClient``.
+    ``protocol="http"``); the same calls, answers, errors, deadlines and retries over both, as
+    ``AsyncClient``.
 
     Example::
 
@@ -38,6 +40,9 @@ class Client:
         self.protocol, self._transport = open_transport(
             url, protocol, credentials, options, HttpTransport, GrpcTransport)
         self._retries = Retries(retries, retry_backoff_s)
+        # Over HTTP an infer is resent only where the server cannot have run it (``_retry``).
+        self._resend_infer: Resend = (any_unavailable if self.protocol == "grpc"
+                                      else not_delivered)
 
     def __enter__(self) -> Client:
         return self
@@ -50,25 +55,34 @@ class Client:
         self._transport.close()
 
     def server_live(self, *, timeout_s: float | None = None) -> bool:
-        return self._retries.call(partial(self._transport.server_live, timeout_s))
+        return self._retries.call(self._transport.server_live, timeout_s)
 
     def server_ready(self, *, timeout_s: float | None = None) -> bool:
-        return self._retries.call(partial(self._transport.server_ready, timeout_s))
+        return self._retries.call(self._transport.server_ready, timeout_s)
 
     def model_ready(self, name: str, *, timeout_s: float | None = None) -> bool:
-        return self._retries.call(partial(self._transport.model_ready, name, timeout_s))
+        return self._retries.call(partial(self._transport.model_ready, name), timeout_s)
 
     def model_metadata(self, name: str, *, timeout_s: float | None = None) -> ModelMetadata:
-        return self._retries.call(partial(self._transport.model_metadata, name, timeout_s))
+        return self._retries.call(partial(self._transport.model_metadata, name), timeout_s)
 
     def infer(self, model: str, inputs: Inputs, *, outputs: Sequence[str] | None = None,
               timeout_s: float | None = None, request_id: str | None = None,
               priority: int | None = None) -> dict[str, np.ndarray]:
         """Output name -> array (read-only views of the answer's bytes; BYTES outputs as
-        object arrays of bytes). ``timeout_s`` is the server's deadline too."""
-        request = self._transport.prepare(model, inputs, outputs, request_id, priority,
-                                          timeout_s)
-        return self._retries.call(partial(self._transport.infer, model, request, timeout_s))
+        object arrays of bytes). ``timeout_s`` bounds the call, retries included, and is the
+        server's deadline too."""
+        # Every attempt sends the same id (the transports would draw a fresh one each time).
+        request_id = uuid.uuid4().hex if request_id is None else request_id
+
+        def attempt(left_s: float | None) -> dict[str, np.ndarray]:
+            # Prepared per attempt: over HTTP the body carries the server's deadline, which
+            # for a retry is the time left.
+            request = self._transport.prepare(model, inputs, outputs, request_id, priority,
+                                              left_s)
+            return self._transport.infer(model, request, left_s)
+
+        return self._retries.call(attempt, timeout_s, self._resend_infer)
 
     def stream_infer(self, model: str, inputs: Iterable[Inputs], *,
                      outputs: Sequence[str] | None = None,

@@ -1,7 +1,7 @@
 """What ``Client`` and ``AsyncClient`` need of a transport (gRPC, HTTP): the KServe v2 calls,
 each failing with an ``InferenceServerError``. The clients add what is the same for every
-transport (retries, the context manager); an infer request is prepared once (``R``) and sent
-as many times as it is retried."""
+transport (retries, the context manager); an infer request (``R``) is prepared for each
+attempt with the time left of the call's deadline, which HTTP sends in the body."""
 
 from __future__ import annotations
 
