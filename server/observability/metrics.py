@@ -73,17 +73,22 @@ _REPLICA_METRICS: tuple[tuple[str, str, str, Callable[[ReplicaSnapshot], float]]
      "Times the replica's pipeline was re-partitioned", lambda r: r.num_repartitions),
 )
 
-_GPU_METRICS: tuple[tuple[str, str, Callable[[GpuSample], float]], ...] = (
-    ("nv_gpu_utilization", "GPU utilization rate (0.0 - 1.0)", lambda g: g.utilization),
-    ("nv_gpu_memory_total_bytes", "Total GPU memory, in bytes", lambda g: g.memory_total_bytes),
-    ("nv_gpu_memory_used_bytes", "Used GPU memory, in bytes", lambda g: g.memory_used_bytes),
-    ("evenflow_gpu_sm_clock_hertz", "SM clock", lambda g: g.sm_clock_mhz * 1e6),
-    ("evenflow_gpu_temperature_celsius", "GPU temperature", lambda g: g.temperature_c),
+# name, help, the GpuSample field it reads, its value
+_GPU_METRICS: tuple[tuple[str, str, str, Callable[[GpuSample], float]], ...] = (
+    ("nv_gpu_utilization", "GPU utilization rate (0.0 - 1.0)", "utilization",
+     lambda g: g.utilization),
+    ("nv_gpu_memory_total_bytes", "Total GPU memory, in bytes", "memory_total_bytes",
+     lambda g: g.memory_total_bytes),
+    ("nv_gpu_memory_used_bytes", "Used GPU memory, in bytes", "memory_used_bytes",
+     lambda g: g.memory_used_bytes),
+    ("evenflow_gpu_sm_clock_hertz", "SM clock", "sm_clock_mhz", lambda g: g.sm_clock_mhz * 1e6),
+    ("evenflow_gpu_temperature_celsius", "GPU temperature", "temperature_c",
+     lambda g: g.temperature_c),
     ("evenflow_gpu_throttle_reasons", "NVML clock throttle reasons (bit mask)",
-     lambda g: g.throttle_reasons),
+     "throttle_reasons", lambda g: g.throttle_reasons),
 )
 
-GPU_METRIC_NAMES = frozenset(name for name, _, _ in _GPU_METRICS)  # exported only with NVML
+GPU_METRIC_NAMES = frozenset(name for name, _, _, _ in _GPU_METRICS)  # exported only with NVML
 
 
 def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric]:
@@ -186,11 +191,15 @@ def _failure_family(failures: Mapping[tuple[str, str], int]) -> MetricFamily:
 
 
 def _gpu_families(samples: Iterable[GpuSample]) -> list[MetricFamily]:
-    families = [(MetricFamily(name, "gauge", text), value) for name, text, value in _GPU_METRICS]
+    """Per GPU, each field NVML reads; one it cannot read on that GPU (utilization on a MIG
+    instance, clocks on some boards) is left out, not exported as the 0 it holds."""
+    families = [(MetricFamily(name, "gauge", text), field, value)
+                for name, text, field, value in _GPU_METRICS]
     for sample in samples:
-        for family, value in families:
-            family.add(value(sample), gpu=sample.name)
-    return [family for family, _ in families]
+        for family, field, value in families:
+            if field not in sample.unsupported:
+                family.add(value(sample), gpu=sample.name)
+    return [family for family, _, _ in families]
 
 
 def _frontend_families(frontends: Iterable[FrontendState]) -> list[MetricFamily]:

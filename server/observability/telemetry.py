@@ -1,14 +1,21 @@
 """NVML sampler: per-GPU utilization, memory, SM clock, throttle reasons and temperature.
 
-Absent cleanly: without nvidia-ml-py or without a driver, ``NvmlSampler.open()`` returns None and
-the server reports no device telemetry.
+Absent cleanly: without nvidia-ml-py, without a driver, or when NVML fails while the sampler is
+built, ``NvmlSampler.open()`` returns None (NVML shut down again) and the server reports no
+device telemetry. A GPU whose handle or UUID NVML cannot give is left out, logged once.
 
 GPUs are named as the server names its devices, by CUDA ordinal (``cuda0`` is torch's device
 0), matched to NVML's devices by UUID: NVML counts every GPU in PCI order, CUDA only those in
 ``CUDA_VISIBLE_DEVICES`` in that variable's order (and by default fastest first). A GPU CUDA
 does not see is not sampled; a MIG instance CUDA sees is sampled through its own NVML handle.
 Each field is read on its own: one a board does not support (clocks, throttle reasons,
-utilization on MIG) stays 0, is listed in ``GpuSample.unsupported``, and is logged once.
+utilization on MIG) stays 0, is listed in ``GpuSample.unsupported`` (the metrics leave it out),
+and is logged once.
+
+NVML calls can block for a long time on a GPU in a bad state (an Xid, fallen off the bus), so
+the sampler makes them on its own thread, one sample at a time, never on the event loop;
+``close()`` waits for a sample in progress only ``close_timeout_s``, then leaves its thread to
+finish it and shut NVML down after it (never while a call is in progress).
 """
 
 from __future__ import annotations
@@ -16,13 +23,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import queue
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from evenflow.server.edge.event_loop import cancel_and_wait
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,24 +101,47 @@ def torch_cuda_uuids() -> list[str]:
             for i in range(torch.cuda.device_count())]
 
 
+_skipped_logged: set[str] = set()  # the NVML devices already logged as left out
+
+
+def _skip(device: str, exc: Exception) -> None:
+    if device not in _skipped_logged:
+        _skipped_logged.add(device)
+        logger.warning("NVML: leaving out %s, which NVML cannot open (%s: %s); logged once",
+                       device, type(exc).__name__, exc)
+
+
 def _nvml_devices(nvml: Any) -> list[tuple[Any, str]]:
-    """Every NVML handle with its UUID: the GPUs, and the MIG instances of those in MIG mode."""
+    """Every NVML handle with its UUID: the GPUs, and the MIG instances of those in MIG mode.
+    A device whose handle or UUID NVML cannot give is left out, logged once."""
     devices = []
     for index in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(index)
-        devices.append((handle, nvml.nvmlDeviceGetUUID(handle)))
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            devices.append((handle, nvml.nvmlDeviceGetUUID(handle)))
+        except Exception as exc:  # a GPU in a bad state: the others are still sampled
+            _skip(f"device {index}", exc)
+            continue
         try:
             current_mode, _ = nvml.nvmlDeviceGetMigMode(handle)
         except Exception:  # not MIG-capable
             continue
         if not current_mode:
             continue
-        for slot in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            slots = nvml.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except Exception as exc:
+            _skip(f"device {index}'s MIG instances", exc)
+            continue
+        for slot in range(slots):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
             except Exception:  # an empty slot
                 continue
-            devices.append((mig, nvml.nvmlDeviceGetUUID(mig)))
+            try:
+                devices.append((mig, nvml.nvmlDeviceGetUUID(mig)))
+            except Exception as exc:
+                _skip(f"device {index}'s MIG instance {slot}", exc)
     return devices
 
 
@@ -124,18 +159,54 @@ def handles_by_cuda_ordinal(nvml: Any, cuda_uuids: Sequence[str | bytes]
     return handles, unseen
 
 
+class _NvmlThread:
+    """One daemon thread that makes NVML calls one at a time, in the order given. Daemon, and
+    not an executor's: a call stuck in the driver must hold up neither ``close()`` nor the
+    interpreter's exit (executors' threads are joined at exit)."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = \
+            queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, call: Callable[[], _T]) -> Future[_T]:
+        future: Future[_T] = Future()
+        self._calls.put((call, future))
+        return future
+
+    def stop(self) -> None:
+        """End the thread once the calls already submitted have run."""
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as exc:  # handed to the caller, as an executor does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
 class NvmlSampler:
-    """Samples every GPU every ``interval_s`` on the event loop (an NVML query costs ~2 us).
+    """Samples every GPU every ``interval_s``, on a thread of its own (NVML can block).
     ``cuda_uuids``: the UUIDs of CUDA's devices by ordinal (torch's, unless a test's)."""
 
     def __init__(self, nvml: Any, interval_s: float = 0.25,
-                 cuda_uuids: Callable[[], Sequence[str]] = torch_cuda_uuids) -> None:
+                 cuda_uuids: Callable[[], Sequence[str]] = torch_cuda_uuids,
+                 close_timeout_s: float = 2.0) -> None:
         self._nvml = nvml
         self._interval_s = interval_s
+        self._close_timeout_s = close_timeout_s
         self._devices = self._named_handles(nvml, cuda_uuids)
         self._unsupported_logged: set[tuple[str, str]] = set()
         self.latest: list[GpuSample] = []
         self._task: asyncio.Task[None] | None = None
+        self._thread: _NvmlThread | None = None
 
     @staticmethod
     def _named_handles(nvml: Any, cuda_uuids: Callable[[], Sequence[str]]
@@ -148,23 +219,44 @@ class NvmlSampler:
                         "index", exc)
             cuda = []
         if not cuda:
-            count = nvml.nvmlDeviceGetCount()
-            return [(f"cuda{i}", nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+            named = []
+            for i in range(nvml.nvmlDeviceGetCount()):
+                try:
+                    named.append((f"cuda{i}", nvml.nvmlDeviceGetHandleByIndex(i)))
+                except Exception as exc:  # a GPU in a bad state: the others are still sampled
+                    _skip(f"device {i}", exc)
+            return named
         if unseen:
             logger.info("NVML: not sampling %d device(s) CUDA does not show this process "
                         "(UUIDs %s)", len(unseen), ", ".join(unseen))
         return [(f"cuda{ordinal}", handles[ordinal]) for ordinal in sorted(handles)]
 
     @classmethod
-    def open(cls, interval_s: float = 0.25) -> NvmlSampler | None:
+    def open(cls, interval_s: float = 0.25,
+             cuda_uuids: Callable[[], Sequence[str]] = torch_cuda_uuids
+             ) -> NvmlSampler | None:
+        """A sampler of the GPUs CUDA shows this process, or None, logged, where NVML cannot
+        give one: nvidia-ml-py or a driver missing, NVML failing while the sampler is built
+        (NVML shut down again), none of the GPUs left."""
         try:
-            import pynvml  # nvidia-ml-py
+            import pynvml as module  # nvidia-ml-py
 
-            pynvml.nvmlInit()
+            module.nvmlInit()
         except Exception as exc:  # no package, no driver, no GPU: all mean "no telemetry"
             logger.info("NVML not available (%s); no GPU telemetry", exc)
             return None
-        return cls(pynvml, interval_s)
+        try:
+            sampler = cls(module, interval_s, cuda_uuids)
+        except Exception as exc:  # after the models loaded: telemetry off, not a failed start
+            reason = f"{type(exc).__name__}: {exc}"
+        else:
+            if sampler.names:
+                return sampler
+            reason = "NVML can open none of this process's GPUs"
+        logger.warning("NVML: no GPU telemetry (%s)", reason)
+        with contextlib.suppress(Exception):
+            module.nvmlShutdown()
+        return None
 
     @property
     def names(self) -> list[str]:
@@ -183,24 +275,54 @@ class NvmlSampler:
                 unsupported.update(_FIELDS[reader_name])
                 if (name, reader_name) not in self._unsupported_logged:
                     self._unsupported_logged.add((name, reader_name))
-                    logger.warning("NVML: %s cannot read %s (%s: %s); reported as 0, logged "
-                                   "once", name, reader_name, type(exc).__name__, exc)
+                    logger.warning("NVML: %s cannot read %s (%s: %s); left out of the metrics, "
+                                   "logged once", name, reader_name, type(exc).__name__, exc)
         return GpuSample(name=name, unsupported=frozenset(unsupported), **values)
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="nvml-sampler")
+            self._thread = _NvmlThread("nvml-sampler")
+            self._task = asyncio.create_task(self._run(self._thread), name="nvml-sampler")
 
-    async def _run(self) -> None:
+    async def _run(self, thread: _NvmlThread) -> None:
         while True:
-            try:
-                self.latest = self.sample()
+            try:  # one sample at a time: the next is asked only once this one has returned
+                self.latest = await asyncio.wrap_future(thread.submit(self.sample))
             except Exception:
                 logger.exception("NVML sample failed")
             await asyncio.sleep(self._interval_s)
 
     async def close(self) -> None:
+        """Stop sampling and shut NVML down. A sample stuck in NVML is waited for only
+        ``close_timeout_s``: its thread is then left to finish it and shut NVML down after."""
         await cancel_and_wait(self._task)
         self._task = None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            with contextlib.suppress(Exception):
+                self._nvml.nvmlShutdown()
+            return
+        shutdown = thread.submit(self._shutdown)  # after the sample in progress, never during
+        thread.stop()
+        loop = asyncio.get_running_loop()
+        shut: asyncio.Future[None] = loop.create_future()
+
+        def done() -> None:
+            if not shut.done():  # not already given up on
+                shut.set_result(None)
+
+        def tell(_: Future[None]) -> None:  # on the sampler's thread, perhaps long after
+            with contextlib.suppress(RuntimeError):  # the loop has closed meanwhile
+                loop.call_soon_threadsafe(done)
+
+        shutdown.add_done_callback(tell)  # not wrap_future: a timeout must not cancel it
+        try:
+            await asyncio.wait_for(shut, self._close_timeout_s)
+        except TimeoutError:
+            logger.warning("NVML: a sample has not returned in %.1f s (a GPU in a bad state?); "
+                           "leaving its thread, which shuts NVML down once it returns",
+                           self._close_timeout_s)
+
+    def _shutdown(self) -> None:
         with contextlib.suppress(Exception):
             self._nvml.nvmlShutdown()

@@ -1,16 +1,28 @@
 """The NVML sampler against a hand-written fake pynvml: GPUs named by CUDA ordinal through
-their UUIDs (a permuted CUDA_VISIBLE_DEVICES, MIG instances), and a field a board does not
-support leaving the rest of the sample in place, logged once."""
+their UUIDs (a permuted CUDA_VISIBLE_DEVICES, MIG instances), a field a board does not
+support leaving the rest of the sample in place, logged once, and out of the metrics; a GPU
+NVML cannot open left out (no telemetry at all, NVML shut down, when none is left); a call
+stuck in NVML holding up neither the event loop nor close()."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from evenflow.server.observability import telemetry
+from evenflow.server.observability.metrics import collect
+from evenflow.server.observability.prometheus import render
 from evenflow.server.observability.telemetry import NvmlSampler, cuda_ordinals, normalized_uuid
+
+pytestmark = pytest.mark.timeout(20)
 
 UUIDS = ("GPU-aaaaaaaa-0000-0000-0000-000000000000",
          "GPU-bbbbbbbb-1111-1111-1111-111111111111",
@@ -24,13 +36,17 @@ class NotSupported(Exception):
 @dataclass
 class FakeNvml:
     """GPUs in PCI order, each handle its NVML index; ``unsupported`` holds (handle, query)
-    pairs that raise; ``mig`` maps a GPU's index to its MIG slots' UUIDs (None: empty)."""
+    pairs that raise; ``mig`` maps a GPU's index to its MIG slots' UUIDs (None: empty);
+    ``lost``: the indices whose handle NVML cannot give (a GPU fallen off the bus)."""
 
     uuids: tuple[str, ...] = UUIDS
     unsupported: set[tuple[object, str]] = field(default_factory=set)
     mig: dict[int, list[str | None]] = field(default_factory=dict)
     as_bytes: bool = False
+    lost: set[int] = field(default_factory=set)
     calls: int = 0
+    inits: int = 0
+    shutdowns: int = 0
 
     NVML_CLOCK_SM = 1
     NVML_TEMPERATURE_GPU = 0
@@ -44,6 +60,8 @@ class FakeNvml:
         return len(self.uuids)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> object:
+        if index in self.lost:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
         return index
 
     def nvmlDeviceGetUUID(self, handle: object) -> str | bytes:
@@ -92,8 +110,11 @@ class FakeNvml:
         self._query(handle, "temperature")
         return 61
 
+    def nvmlInit(self) -> None:
+        self.inits += 1
+
     def nvmlShutdown(self) -> None:
-        pass
+        self.shutdowns += 1
 
 
 def _bare(uuid: str) -> str:
@@ -151,3 +172,124 @@ def test_an_unsupported_field_leaves_the_others_and_is_logged_once(
     assert all("cuda1" in r.getMessage() and not r.exc_info for r in warnings)
     assert {r.getMessage().split(" cannot read ")[1].split(" ")[0] for r in warnings} == \
         {"sm_clock", "throttle_reasons"}
+
+
+def test_a_field_nvml_cannot_read_is_left_out_of_the_metrics_not_exported_as_0() -> None:
+    """Utilization on a MIG instance: the GPU has no nv_gpu_utilization sample (0 would read
+    as an idle GPU); its other fields, and the other GPUs' utilization, are there."""
+    nvml = FakeNvml(unsupported={(0, "utilization")})
+    sampler = NvmlSampler(nvml, cuda_uuids=lambda: [_bare(u) for u in UUIDS[:2]])
+    text = render(collect([], sampler.sample(), {})).decode()
+    gpus = {(s.name, s.labels["gpu"]) for family in text_string_to_metric_families(text)
+            for s in family.samples if "gpu" in s.labels}
+    assert ("nv_gpu_utilization", "cuda0") not in gpus
+    assert ("nv_gpu_utilization", "cuda1") in gpus
+    assert {("nv_gpu_memory_used_bytes", "cuda0"), ("evenflow_gpu_temperature_celsius", "cuda0"),
+            ("evenflow_gpu_sm_clock_hertz", "cuda0")} <= gpus
+
+
+def _open(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch,
+          cuda_uuids: Callable[[], list[str]]) -> NvmlSampler | None:
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(telemetry, "_skipped_logged", set())
+    return NvmlSampler.open(cuda_uuids=cuda_uuids)
+
+
+@pytest.mark.parametrize("by_uuid", [True, False])
+def test_open_leaves_out_a_gpu_nvml_cannot_open(
+        by_uuid: bool, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """NVML's device 1 is lost: the sampler samples the others, under their own names,
+    whether they are matched to CUDA by UUID or named by NVML index."""
+    nvml = FakeNvml(lost={1})
+    caplog.set_level(logging.WARNING, logger="evenflow.server.observability.telemetry")
+    sampler = _open(nvml, monkeypatch, (lambda: [_bare(u) for u in UUIDS]) if by_uuid
+                    else list)
+    assert sampler is not None
+    assert sampler.names == ["cuda0", "cuda2"]
+    assert [s.name for s in sampler.sample()] == ["cuda0", "cuda2"]
+    assert (nvml.inits, nvml.shutdowns) == (1, 0)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "device 1" in warning and "GPU_IS_LOST" in warning
+
+
+@pytest.mark.parametrize("by_uuid", [True, False])
+def test_open_without_a_gpu_left_is_no_telemetry_and_shuts_nvml_down(
+        by_uuid: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml(lost={0, 1, 2})
+    assert _open(nvml, monkeypatch, (lambda: [_bare(u) for u in UUIDS]) if by_uuid
+                 else list) is None
+    assert (nvml.inits, nvml.shutdowns) == (1, 1)
+
+
+def test_open_when_nvml_fails_building_the_sampler_is_no_telemetry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    nvml = FakeNvml()
+
+    def no_count() -> int:
+        raise RuntimeError("NVML_ERROR_UNKNOWN")
+
+    monkeypatch.setattr(nvml, "nvmlDeviceGetCount", no_count)
+    assert _open(nvml, monkeypatch, list) is None
+    assert (nvml.inits, nvml.shutdowns) == (1, 1)
+
+
+@dataclass
+class StuckNvml(FakeNvml):
+    """Its first temperature query blocks (a GPU in a bad state) until ``release`` is set;
+    ``on_stuck`` is called as it blocks, ``stuck`` holds while it does."""
+
+    release: threading.Event = field(default_factory=threading.Event)
+    on_stuck: Callable[[], None] = lambda: None
+    stuck: bool = False
+    blocked_once: bool = False
+
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
+        if not self.blocked_once:
+            self.blocked_once = self.stuck = True
+            self.on_stuck()
+            self.release.wait(timeout=5)  # bounded: the test fails, not hangs, on the loop
+            self.stuck = False
+        return super().nvmlDeviceGetTemperature(handle, sensor)
+
+
+async def test_a_stuck_nvml_call_holds_up_neither_the_loop_nor_close(
+        caplog: pytest.LogCaptureFixture) -> None:
+    loop = asyncio.get_running_loop()
+    stuck = asyncio.Event()
+    nvml = StuckNvml(on_stuck=lambda: loop.call_soon_threadsafe(stuck.set))
+    sampler = NvmlSampler(nvml, interval_s=0.001, cuda_uuids=lambda: [_bare(UUIDS[0])],
+                          close_timeout_s=0.05)
+    caplog.set_level(logging.WARNING, logger="evenflow.server.observability.telemetry")
+    sampler.start()
+    worker = sampler._thread
+    assert worker is not None
+    try:
+        async with asyncio.timeout(10):
+            await stuck.wait()
+        seen = asyncio.Event()
+        loop.call_soon(seen.set)
+        async with asyncio.timeout(10):
+            await seen.wait()
+        assert nvml.stuck  # the loop ran on while the NVML call was stuck
+        async with asyncio.timeout(10):
+            await sampler.close()
+        assert nvml.stuck and nvml.shutdowns == 0  # close returned; no shutdown under a call
+        assert any("has not returned" in r.getMessage() for r in caplog.records)
+    finally:
+        nvml.release.set()
+        worker.thread.join(timeout=10)
+    assert not worker.thread.is_alive()
+    assert nvml.shutdowns == 1  # once the stuck call returned, on the sampler's thread
+
+
+async def test_close_shuts_nvml_down_after_the_last_sample() -> None:
+    nvml = FakeNvml()
+    sampler = NvmlSampler(nvml, interval_s=0.001, cuda_uuids=lambda: [_bare(UUIDS[0])])
+    sampler.start()
+    worker = sampler._thread
+    assert worker is not None
+    await sampler.close()
+    assert nvml.shutdowns == 1
+    worker.thread.join(timeout=10)
+    assert not worker.thread.is_alive()
