@@ -62,7 +62,8 @@ class StatsServicer(ef_grpc.EvenflowStatsServicer):
                 name=gpu.name, utilization=gpu.utilization,
                 memory_used_bytes=gpu.memory_used_bytes,
                 memory_total_bytes=gpu.memory_total_bytes, sm_clock_mhz=gpu.sm_clock_mhz,
-                throttle_reasons=gpu.throttle_reasons, temperature_c=gpu.temperature_c))
+                throttle_reasons=gpu.throttle_reasons, temperature_c=gpu.temperature_c,
+                unsupported=sorted(gpu.unsupported)))
         response.placement.CopyFrom(placement_message(self._placement(), self._started_s))
         return response
 
