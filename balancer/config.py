@@ -112,11 +112,13 @@ class BalancerConfig:
         return max(self.queue_budget_targets * self.latency_target_s, self.queue_budget_floor_s)
 
     def level_of(self, priority: int) -> int:
-        """The queue level (0 = most urgent) of a request asking for ``priority`` (0 = the
-        default); raises InvalidRequest outside the model's levels."""
-        if priority == 0:
+        """The queue level (0 = most urgent) of a request asking for ``priority``: 0, and any
+        priority past the model's levels, get the default level, as Triton's scheduler does
+        (Triton serves ``priority=2`` sent to a one-level model, and clients rely on it). A
+        negative priority is InvalidRequest (the wire's is unsigned; the codecs refuse one)."""
+        if priority < 0:
+            raise InvalidRequest(f"priority {priority} is negative; 1..{self.priority_levels} "
+                                 "are the model's levels, 0 asks for the default")
+        if priority == 0 or priority > self.priority_levels:
             priority = self.default_priority_level or self.priority_levels
-        if not 1 <= priority <= self.priority_levels:
-            raise InvalidRequest(f"priority {priority} is outside the model's levels "
-                                 f"1..{self.priority_levels} (0 asks for the default)")
         return priority - 1

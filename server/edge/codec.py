@@ -18,6 +18,7 @@ from evenflow.server.edge.tensor_checks import (
     inputs_in_spec_order,
     no_data,
     output_indices,
+    shown_keys,
     unsupported_tensor_parameters,
     wrong_datatype,
 )
@@ -82,7 +83,14 @@ def _decode_typed(name: str, wire: WireType, shape: tuple[int, ...], count: int,
     if len(values) != count:
         raise InvalidRequest(f"input {name!r} contents.{wire.contents_field} has {len(values)} "
                              f"elements; shape {list(shape)} needs {count}")
-    return np.array(values, dtype=wire.numpy_dtype).reshape(shape)
+    try:
+        return np.array(values, dtype=wire.numpy_dtype).reshape(shape)
+    except OverflowError:
+        # int_contents and uint_contents are 32-bit on the wire for the 8- and 16-bit types
+        # too; numpy 2 refuses a value that does not fit rather than wrapping it.
+        info = np.iinfo(wire.numpy_dtype)
+        raise InvalidRequest(f"input {name!r} contents.{wire.contents_field} holds values "
+                             f"outside {wire.name}'s range [{info.min}, {info.max}]") from None
 
 
 def requested_outputs(request: pb.ModelInferRequest,
@@ -126,7 +134,7 @@ def _integer_parameter(request: pb.ModelInferRequest, key: str) -> int | None:
 
 
 def unsupported_parameters(keys: Iterable[str]) -> InvalidRequest:
-    return InvalidRequest(f"unsupported request parameters {sorted(k[:64] for k in keys)[:4]}"
+    return InvalidRequest(f"unsupported request parameters {shown_keys(keys)}"
                           f"; evenflow acts on {list(REQUEST_PARAMETERS)}")
 
 

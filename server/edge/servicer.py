@@ -38,7 +38,12 @@ logger = logging.getLogger(__name__)
 
 # Only what is implemented: statistics makes perf_analyzer read the server-side breakdown.
 EXTENSIONS = ("model_configuration", "model_repository", "statistics", "binary_tensor_data")
+# Requests of one stream admitted and not yet written (in flight, or answered and queued): a
+# client that reads slowly holds the reader back (gRPC flow control) instead of growing a queue.
 _MAX_STREAM_IN_FLIGHT = 1024
+# Triton marks every response of a non-decoupled model's stream as its request's last one;
+# clients that serve decoupled models too (tritonclient, genai-perf) look for it.
+_FINAL_RESPONSE = "triton_final_response"
 
 
 class TensorSpecs(Protocol):
@@ -243,6 +248,9 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
             while not (stream.ended and stream.results.empty()):
                 if (item := await stream.results.get()) is not None:
                     yield item
+                    # Resumed once gRPC has sent ``item`` and wants the next: only now is its
+                    # slot free, so responses a slow client has not taken stay within the bound.
+                    stream.written()
                 elif reader.done() and not reader.cancelled() and reader.exception():
                     break  # reading failed: ``await reader`` ends the call with its error
             if not stream.requests_ended:  # drained while the client still sends
@@ -256,9 +264,11 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                       error: Exception) -> pb.ModelStreamInferResponse:
         exc = error if isinstance(error, EvenflowError) else _internal_error(request, error)
         self._count_failure(request, exc)
-        return pb.ModelStreamInferResponse(
-            error_message=stream_error_message(exc),
-            infer_response=pb.ModelInferResponse(model_name=request.model_name, id=request.id))
+        response = pb.ModelStreamInferResponse(error_message=stream_error_message(exc))
+        infer_response = response.infer_response
+        infer_response.model_name, infer_response.id = request.model_name, request.id
+        infer_response.parameters[_FINAL_RESPONSE].bool_param = True
+        return response
 
     def _count_failure(self, request: pb.ModelInferRequest | Undecodable,
                        exc: EvenflowError) -> None:
@@ -321,14 +331,16 @@ class _InferStream:
     as it is read and its response built by a callback on its answer, so a stream costs no
     task per request (a model a front-end must look up first takes ``_infer`` in a task).
     ``results`` holds the responses to write; a ``None`` in it only wakes the writer to check
-    ``ended``."""
+    ``ended``. A request takes a slot before it is started and gives it back once its response
+    (or its refusal) is written (``written``), so at most ``_MAX_STREAM_IN_FLIGHT`` responses
+    are ever queued: past that, reading waits for the client to take some."""
 
     def __init__(self, edge: EdgeServicer, deadline_s: float) -> None:
         self._edge = edge
         self._deadline_s = deadline_s
         self.results: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
-        self._slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)
-        self._in_flight: set[asyncio.Future[Any]] = set()  # answers not yet written
+        self._slots = asyncio.Semaphore(_MAX_STREAM_IN_FLIGHT)  # admitted, not yet written
+        self._in_flight: set[asyncio.Future[Any]] = set()  # answers not yet queued
         self._draining = False
         self.requests_ended = False  # the client half-closed (or the reader stopped)
 
@@ -346,6 +358,10 @@ class _InferStream:
         finally:
             self.requests_ended = True
             self.results.put_nowait(None)
+
+    def written(self) -> None:
+        """A response the writer took from ``results`` has been sent: its slot is free."""
+        self._slots.release()
 
     def drain(self) -> None:
         """The server is shutting down: end the stream once every admitted request has its
@@ -375,7 +391,6 @@ class _InferStream:
                 answer, respond = asyncio.ensure_future(pending.answer), pending.respond
         except Exception as error:
             self.results.put_nowait(edge._stream_error(request, error))
-            self._slots.release()
             return
         self._in_flight.add(answer)
         answer.add_done_callback(functools.partial(self._answered, request, respond))
@@ -386,12 +401,15 @@ class _InferStream:
         if answer.cancelled():  # the stream is being torn down
             return
         try:
-            response = pb.ModelStreamInferResponse(infer_response=respond(answer.result()))
+            infer_response = respond(answer.result())
+            # Set on the response before it is copied into the stream message: one map entry,
+            # about 1 us (timeit; no cheaper with CopyFrom of a prebuilt parameter).
+            infer_response.parameters[_FINAL_RESPONSE].bool_param = True
+            response = pb.ModelStreamInferResponse(infer_response=infer_response)
         except Exception as error:  # every id is answered; a server bug as INTERNAL
             response = self._edge._stream_error(request, error)
         self.results.put_nowait(response)
         self._in_flight.discard(answer)
-        self._slots.release()
         if self.ended:
             self.results.put_nowait(None)
 

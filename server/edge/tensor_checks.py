@@ -50,8 +50,15 @@ def wrong_datatype(name: str, datatype: str, expected: str) -> InvalidRequest:
 
 
 def unsupported_tensor_parameters(name: str, keys: Iterable[str]) -> InvalidRequest:
-    return InvalidRequest(f"input {name!r}: tensor parameters {sorted(keys)[:4]} "
+    return InvalidRequest(f"input {name!r}: tensor parameters {shown_keys(keys)} "
                           "are not supported (no shared memory)")
+
+
+def shown_keys(keys: Iterable[str]) -> list[str]:
+    """Client-chosen parameter keys as an error names them: a few, each cut short. The details
+    go back in gRPC's trailing metadata, where a 20 KB key would turn INVALID_ARGUMENT into
+    RESOURCE_EXHAUSTED (metadata too large)."""
+    return sorted(key[:64] for key in keys)[:4]
 
 
 def checked_count(name: str, shape: tuple[int, ...], expected: tuple[int, ...],
@@ -128,7 +135,7 @@ def output_indices(requested: Iterable[tuple[str, Collection[str]]],
             raise InvalidRequest(f"unknown requested output {name[:64]!r}; model has {names}")
         if parameters:
             raise InvalidRequest(f"requested output {name!r}: parameters "
-                                 f"{sorted(parameters)[:4]} are not supported")
+                                 f"{shown_keys(parameters)} are not supported")
         index = names.index(name)
         if index in chosen:
             raise InvalidRequest(f"output {name!r} requested twice")

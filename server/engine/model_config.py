@@ -34,7 +34,10 @@ def model_config(model: ServedModel) -> mc.ModelConfig:
         instance_group=[mc.ModelInstanceGroup(name=r.name, count=1)
                         for r in model.balancer.snapshot().replicas],
         dynamic_batching=mc.ModelDynamicBatching(
-            max_queue_delay_microseconds=round(config.max_wait_s * 1e6)),
+            max_queue_delay_microseconds=round(config.max_wait_s * 1e6),
+            # Levels as the balancer counts them: ``level_of`` is 0-based, the wire 1-based.
+            priority_levels=config.priority_levels,
+            default_priority_level=config.level_of(0) + 1),
         parameters={"evenflow_policy": mc.ModelParameter(string_value=config.policy.value)})
 
 

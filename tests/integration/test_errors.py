@@ -96,7 +96,6 @@ def with_priority(kind: str, value: object) -> pb.ModelInferRequest:
 
 
 @pytest.mark.parametrize(("request_", "details"), [
-    (with_priority("int64_param", 2), "priority 2 is outside the model's levels 1..1"),
     (with_priority("int64_param", -1), "'priority' must be >= 0"),
     (with_priority("string_param", "high"), "'priority' must be an integer"),
 ])
@@ -109,6 +108,32 @@ async def test_bad_priorities_are_refused(mlp, request_: pb.ModelInferRequest,
     assert details in (info.value.details() or "")
     for priority in (0, 1):  # the default and the one level the model has
         assert (await client.infer("mlp", {"x": X}, priority=priority))["y"].shape == (1, 256)
+
+
+@pytest.mark.parametrize("request_", [
+    with_priority("int64_param", 2), with_priority("uint64_param", 2**64 - 1)],
+    ids=["2", "uint64 max"])
+async def test_a_priority_past_the_levels_is_served_at_the_default_level(
+        mlp, request_: pb.ModelInferRequest) -> None:
+    """As on Triton: tritonclient's ``infer(priority=2)`` on a one-level model runs."""
+    stub, client = mlp
+    response = await stub.ModelInfer(request_, timeout=10)
+    assert list(response.outputs[0].shape) == [1, 256]
+    assert (await client.infer("mlp", {"x": X}, priority=2))["y"].shape == (1, 256)
+
+
+async def test_a_huge_tensor_parameter_key_is_invalid_argument_not_resource_exhausted(
+        mlp) -> None:
+    """The details go back in trailing metadata: the key is cut short, or the client would
+    hear RESOURCE_EXHAUSTED (metadata too large) for its own bad request."""
+    stub, client = mlp
+    request = raw()
+    request.inputs[0].parameters["k" * 20_000].bool_param = True
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await stub.ModelInfer(request, timeout=10)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tensor parameters" in (info.value.details() or "")
+    await still_serves(client)
 
 
 async def test_typed_contents_are_accepted(mlp) -> None:

@@ -229,8 +229,8 @@ def bad_parameters(request: pb.ModelInferRequest, data: st.DataObject) -> Result
         request.inputs[pick_input(request, data)].parameters[
             "shared_memory_region"].string_param = "region"
     elif kind == "priority":
-        request.parameters["priority"].int64_param = data.draw(
-            st.integers(-(2**63), -1) | st.integers(2, 2**63 - 1))
+        # Only a negative one: past the levels is the default level, as on Triton.
+        request.parameters["priority"].int64_param = data.draw(st.integers(-(2**63), -1))
     else:
         request.parameters["timeout"].string_param = data.draw(st.text(max_size=20))
     return f"parameters ({kind})", INVALID

@@ -103,6 +103,8 @@ async def test_metadata_config_statistics_and_index() -> None:
         assert config.max_batch_size == 64
         assert list(config.input[0].dims) == [256]
         assert config.input[0].data_type == mc.TYPE_FP32
+        batching = config.dynamic_batching
+        assert (batching.priority_levels, batching.default_priority_level) == (1, 1)
         await stub.ModelInfer(pb.ModelInferRequest(
             model_name="mlp", inputs=[pb.ModelInferRequest.InferInputTensor(
                 name="x", datatype="FP32", shape=[2, 256])], raw_input_contents=[bytes(2048)]))

@@ -321,11 +321,13 @@ async def test_a_more_urgent_request_runs_before_older_less_urgent_ones(
     assert all(f.done() for f in (*low, default))
 
 
-def test_priorities_outside_the_levels_are_refused() -> None:
+def test_priorities_past_the_levels_get_the_default_level_as_on_triton() -> None:
     config = BalancerConfig(priority_levels=2, default_priority_level=1)
-    assert [config.level_of(p) for p in (0, 1, 2)] == [0, 0, 1]
-    with pytest.raises(InvalidRequest, match=r"priority 3 is outside the model's levels 1\.\.2"):
-        config.level_of(3)
+    assert [config.level_of(p) for p in (0, 1, 2, 3, 2**64 - 1)] == [0, 0, 1, 0, 0]
+    one_level = BalancerConfig()  # tritonclient's priority=2 on a default model is served
+    assert [one_level.level_of(p) for p in (0, 1, 2)] == [0, 0, 0]
+    with pytest.raises(InvalidRequest, match="priority -1 is negative"):
+        config.level_of(-1)
     with pytest.raises(ValueError, match="default_priority_level 3"):
         BalancerConfig(priority_levels=2, default_priority_level=3)
 

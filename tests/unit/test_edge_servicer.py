@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,9 +17,10 @@ import pytest
 from evenflow.balancer import ModelNotFound, Overloaded
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.server.edge.decoding import Undecodable
-from evenflow.server.edge.servicer import EdgeServicer
+from evenflow.server.edge.servicer import _MAX_STREAM_IN_FLIGHT, EdgeServicer
 from evenflow.server.models.spec import Padding, TensorSpec
 from tests.fakes import Aborted, FakeContext
+from tests.unit.balancer_fakes import settle
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -359,3 +360,126 @@ async def test_a_stream_that_goes_away_cancels_the_answers_it_still_awaits() -> 
         await responses.reading
     assert pending.answer.cancelled()  # the balancer drops a job whose caller went away
     assert responses.written == []
+
+
+async def test_a_client_that_does_not_read_holds_its_stream_back_instead_of_filling_a_queue(
+        ) -> None:
+    """The model answers at once and the client takes one response, then none: the stream
+    reads no further than its bound (responses written count against it, not only answers
+    awaited), so gRPC's flow control reaches the sender. Once the client reads on, every
+    request is answered."""
+    edge = make_edge()
+    total = 5000
+    pulled = 0
+
+    async def requests() -> AsyncIterator[pb.ModelInferRequest]:
+        nonlocal pulled
+        for index in range(total):
+            pulled += 1
+            yield infer_request(X, request_id=str(index))
+
+    responses = edge.servicer.ModelStreamInfer(requests(), FakeContext())
+    first = await asyncio.wait_for(anext(responses), _WAIT_S)
+    await settle(rounds=50)  # unbounded, the reader would have taken all 5000 by now
+    (stream,) = edge.servicer._streams
+    assert stream.results.qsize() <= _MAX_STREAM_IN_FLIGHT + 1
+    assert pulled == _MAX_STREAM_IN_FLIGHT + 1  # the next one read waits for a slot
+    rest = await asyncio.wait_for(collect(responses), _WAIT_S)
+    ids = [response.infer_response.id for response in (first, *rest)]
+    assert sorted(ids, key=int) == [str(index) for index in range(total)]
+    assert all(not response.error_message for response in rest)
+
+
+async def collect(responses: AsyncIterator[pb.ModelStreamInferResponse]
+                  ) -> list[pb.ModelStreamInferResponse]:
+    return [response async for response in responses]
+
+
+async def test_every_streamed_response_is_marked_final_as_triton_marks_it() -> None:
+    """Triton sets ``triton_final_response`` on each response of a non-decoupled model's
+    stream, errors included; clients written for decoupled models wait for it."""
+    edge = make_edge(FakeModel(auto=False))
+    requests = Requests()
+    responses = Responses(edge.servicer.ModelStreamInfer(aiter(requests), FakeContext()))
+    requests.send(infer_request(X, request_id="ok"))
+    requests.send(infer_request(X, request_id="refused", datatype="INT8"))
+    requests.send(infer_request(X, request_id="overloaded"))
+    ok, overloaded = await edge.model.next_request(), await edge.model.next_request()
+    ok.double()
+    overloaded.answer.set_exception(Overloaded("queue full"))
+    requests.end()
+    written = {response.infer_response.id: response for response in await responses.end()}
+    assert sorted(written) == ["ok", "overloaded", "refused"]
+    assert written["ok"].error_message == ""
+    assert written["refused"].error_message.startswith("INVALID_ARGUMENT")
+    assert written["overloaded"].error_message.startswith("RESOURCE_EXHAUSTED")
+    for response in written.values():
+        final = response.infer_response.parameters["triton_final_response"]
+        assert final.WhichOneof("parameter_choice") == "bool_param" and final.bool_param
+
+
+def int_request(datatype: str, field_name: str, values: list[int]) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m", id="r1", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="x", datatype=datatype,
+                                              shape=[1, len(values)])])
+    getattr(request.inputs[0].contents, field_name).extend(values)
+    return request
+
+
+@pytest.mark.parametrize(("datatype", "field_name", "value", "bounds"), [
+    ("INT8", "int_contents", 300, "[-128, 127]"),
+    ("INT8", "int_contents", -129, "[-128, 127]"),
+    ("INT16", "int_contents", 70000, "[-32768, 32767]"),
+    ("UINT8", "uint_contents", 300, "[0, 255]"),
+    ("UINT16", "uint_contents", 70000, "[0, 65535]"),
+])
+async def test_typed_integers_outside_the_datatype_are_invalid_argument(
+        datatype: str, field_name: str, value: int, bounds: str) -> None:
+    spec = TensorSpec("x", datatype, (-1, 2))
+    edge = make_edge(FakeModel(definition=Specs(inputs=(spec,), outputs=(spec,))))
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        await edge.servicer.ModelInfer(int_request(datatype, field_name, [1, value]), context)
+    assert context.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert context.details == (f"input 'x' contents.{field_name} holds values outside "
+                               f"{datatype}'s range {bounds}")
+    assert edge.model.arrived.empty()
+
+
+async def test_typed_integers_at_the_datatypes_bounds_are_served() -> None:
+    spec = TensorSpec("x", "INT8", (-1, 2))
+    edge = make_edge(FakeModel(auto=False, definition=Specs(inputs=(spec,), outputs=(spec,))))
+    call = asyncio.create_task(edge.servicer.ModelInfer(
+        int_request("INT8", "int_contents", [-128, 127]), FakeContext()))
+    submitted = await edge.model.next_request()
+    np.testing.assert_array_equal(submitted.arrays[0], np.array([[-128, 127]], np.int8))
+    submitted.answer.set_result(submitted.arrays)
+    assert (await call).outputs[0].datatype == "INT8"
+
+
+_LONG_KEY = "k" * 20_000
+
+
+def with_tensor_parameter(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
+    request.inputs[0].parameters[_LONG_KEY].bool_param = True
+    return request
+
+
+def with_output_parameter(request: pb.ModelInferRequest) -> pb.ModelInferRequest:
+    request.outputs.add(name="y").parameters[_LONG_KEY].bool_param = True
+    return request
+
+
+@pytest.mark.parametrize("add_key", [with_tensor_parameter, with_output_parameter],
+                         ids=["tensor", "requested output"])
+async def test_a_huge_parameter_key_is_named_cut_short(
+        add_key: Callable[[pb.ModelInferRequest], pb.ModelInferRequest]) -> None:
+    """The details travel in gRPC's trailing metadata (8 KiB by default): echoing a 20,000
+    character key would make the client see RESOURCE_EXHAUSTED instead of the refusal."""
+    edge = make_edge()
+    context = FakeContext()
+    with pytest.raises(Aborted):
+        await edge.servicer.ModelInfer(add_key(infer_request(X)), context)
+    assert context.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert context.details is not None and len(context.details) < 300
+    assert f"['{'k' * 64}']" in context.details
