@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from evenflow.balancer import BalancerConfig, Policy
-from evenflow.server.config.deployment_file import ConfigError, file_defaults, load
+from evenflow.server.config.deployment_file import ConfigError, Problem, file_defaults, load
 from evenflow.server.config.server_config import DTYPES, PARTITIONS, PLACEMENTS, ServerConfig
 from evenflow.server.edge import event_loop
 from evenflow.server.models.builtin import ENCODER_SIZES
@@ -97,8 +97,9 @@ FLAGS: dict[str, list[Flag]] = {
              "within each device's memory as the demand changes", choices=PLACEMENTS),
         Flag("--device-memory", "devices.memory",
              "memory replicas may use per device, e.g. sim0=16GiB,sim2=8GiB (default: a GPU's "
-             "total less a tenth, at most its free memory at start where that is known; the "
-             "machine's RAM for cpu; no limit for sim)", _memory),
+             "free memory at start less a tenth of its total, or where free memory is not "
+             "known its total less a tenth; the machine's RAM for cpu; no limit for sim)",
+             _memory),
         Flag("--encoder-size", "builtins.encoder_size",
              "built-in encoder size (bert-base: 12 layers, 768 wide, seq 128)",
              choices=tuple(sorted(ENCODER_SIZES))),
@@ -176,7 +177,8 @@ FLAGS: dict[str, list[Flag]] = {
              "RPC groups the token guards, comma list of inference, statistics, "
              "model-control, admin", _names),
         Flag("--metrics-port", "server.metrics_port",
-             "serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port)", int),
+             "serve Prometheus metrics at http://HOST:PORT/metrics (0: any free port; "
+             "not given: no metrics are served)", int),
         Flag("--frontends", "server.frontends",
              "gRPC front-end processes sharing the port around one engine process (decode "
              "and encode spread over cores; 1: one process serves everything)", int),
@@ -209,7 +211,7 @@ def _default_text(key: str) -> str:
     section, name = key.split(".")
     value = file_defaults()[section][name]
     if value is None:
-        return "off" if name == "metrics_port" else ""
+        return ""
     if isinstance(value, list):
         return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -248,9 +250,15 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
             if value is not None:
                 section, name = flag.key.split(".")
                 overrides.setdefault(section, {})[name] = value
+    models: dict[str, Any] = {}
     for arg in args.model:
         name, source = parse_model_arg(arg)
-        overrides.setdefault("models", {})[name] = {"source": source}
+        if name in models:
+            raise ConfigError("command line", [Problem(
+                "--model", arg, f"model {name!r} given twice: one --model per name")])
+        models[name] = {"source": source}
+    if models:
+        overrides["models"] = models
     return overrides
 
 

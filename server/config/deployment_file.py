@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from evenflow.balancer import BalancerConfig, Policy
 from evenflow.server.config.server_config import (
@@ -56,6 +57,37 @@ Positive = Annotated[int, Field(ge=1)]
 PositiveFloat = Annotated[float, Field(gt=0)]
 NonNegativeFloat = Annotated[float, Field(ge=0)]
 NonNegative = Annotated[int, Field(ge=0)]
+# gRPC keeps message sizes in a signed 32-bit int: a larger bound raises OverflowError when the
+# server is built, after the models have loaded.
+MAX_MESSAGE_BYTES = 2**31 - 1
+# Python keeps its switch interval in whole microseconds (under 1 it silently becomes 0); past
+# a second the event loop would hold the GIL through whole batches.
+GIL_SWITCH_INTERVAL_US = (1.0, 1e6)
+
+
+def _message_bytes(value: int) -> int:
+    if value > MAX_MESSAGE_BYTES:
+        raise ValueError(f"at most {MAX_MESSAGE_BYTES} (2**31 - 1): gRPC keeps message sizes in "
+                         "a signed 32-bit integer")
+    return value
+
+
+def _switch_interval_us(value: float) -> float:
+    low, high = GIL_SWITCH_INTERVAL_US
+    if not low <= value <= high:  # also refuses nan
+        raise ValueError(f"must be from {low:g} us to {high:g} us (1 s): Python keeps the "
+                         "interval in whole microseconds")
+    return value
+
+
+def _size(text: str) -> str:
+    parse_size_bytes(text)
+    return text
+
+
+def _memory_gib(value: float) -> float:
+    _bytes_of(value, 2**30)
+    return value
 
 
 class _Section(BaseModel):
@@ -65,10 +97,11 @@ class _Section(BaseModel):
 class ServerSection(_Section):
     host: str | None = None
     port: Port | None = None
-    max_message_bytes: Annotated[int, Field(ge=1024)] | None = None
+    max_message_bytes: Annotated[int, Field(ge=1024), AfterValidator(_message_bytes)] \
+        | None = None
     max_tensor_elements: Positive | None = None
     shutdown_grace_s: NonNegativeFloat | None = None
-    gil_switch_interval_us: PositiveFloat | None = None
+    gil_switch_interval_us: Annotated[float, AfterValidator(_switch_interval_us)] | None = None
     http_port: Port | Literal["off"] | None = None
     metrics_port: Port | None = None
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] | None = None
@@ -86,14 +119,7 @@ class DevicesSection(_Section):
     cpu_threads: Positive | None = None
     dtype: Literal[DTYPES] | None = None  # type: ignore[valid-type]
     warmup_batches: NonNegative | None = None
-    memory: dict[str, str] | None = None
-
-    @field_validator("memory")
-    @classmethod
-    def _sizes(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        for size in (value or {}).values():
-            parse_size_bytes(size)
-        return value
+    memory: dict[str, Annotated[str, AfterValidator(_size)]] | None = None
 
     @field_validator("names")
     @classmethod
@@ -111,6 +137,14 @@ class SecuritySection(_Section):
     tls_client_ca: str | None = None
     auth_token_file: str | None = None
     auth_groups: list[Literal["inference", "statistics", "model-control", "admin"]] | None = None
+
+    @field_validator("auth_groups")
+    @classmethod
+    def _some_groups(cls, value: list[str] | None) -> list[str] | None:
+        if value == []:
+            raise ValueError("name at least one group (leave the key out for all of them); to "
+                             "guard nothing, leave out auth_token_file")
+        return value
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca", "auth_token_file")
     @classmethod
@@ -172,7 +206,7 @@ class ModelSection(BalancingSection):
     min_replicas: NonNegative | None = None
     max_replicas: Positive | None = None
     pinned: list[str] | None = None
-    memory_gib: PositiveFloat | None = None
+    memory_gib: Annotated[float, AfterValidator(_memory_gib)] | None = None
     sim_base_ms: NonNegativeFloat | None = None
     sim_per_sample_ms: NonNegativeFloat | None = None
     sim_load_ms: NonNegativeFloat | None = None
@@ -317,10 +351,10 @@ def _cross_checks(settings: Settings) -> list[Problem]:
         if devices is not None and len(devices) % stages:
             report(stages_key, stages,
                    f"{len(devices)} devices cannot form pipelines of {stages} stages")
-        (max_batch, batch_key), (queued, _) = pick("max_batch"), pick("max_queued_requests")
-        if max_batch > queued:
-            report(batch_key, max_batch, "a full batch cannot fit in the admission bound "
-                                         f"(max_queued_requests = {queued})")
+        (max_batch, batch_key) = pick("max_batch")
+        if reason := _batch_past_bounds(max_batch, pick("max_queued_requests")[0],
+                                        *pick("max_queued_samples")):
+            report(batch_key, max_batch, reason)
         (wait_ms, wait_key), (target_ms, target_key) = (pick("max_wait_ms"),
                                                         _latency_target(name, model, defaults))
         if wait_ms >= target_ms:
@@ -340,6 +374,18 @@ def _cross_checks(settings: Settings) -> list[Problem]:
             if reason:
                 report(f"{name}.source", model.source, reason)
     return list(problems.values())
+
+
+def _batch_past_bounds(max_batch: int, queued: int, samples: int | None,
+                       samples_key: str) -> str | None:
+    """Why a full batch cannot pass admission's count bounds, if it cannot. A request may
+    carry ``max_batch`` samples: above ``max_queued_samples`` it would be refused even idle."""
+    if max_batch > queued:
+        return f"a full batch cannot fit in the admission bound (max_queued_requests = {queued})"
+    if samples is not None and max_batch > samples:
+        return ("a full batch cannot fit in the admission bound "
+                f"(max_queued_samples = {samples}, {samples_key})")
+    return None
 
 
 # What the server names its devices (``workers.devices``): kind and index, no colon.
@@ -456,7 +502,7 @@ def to_server_config(settings: Settings) -> ServerConfig:
                     sim_profile=_sim_profile(model),
                     **_set(load_at_start=model.load, min_replicas=model.min_replicas,
                            max_replicas=model.max_replicas,
-                           memory_bytes=int(model.memory_gib * 2**30)
+                           memory_bytes=_bytes_of(model.memory_gib, 2**30)
                            if model.memory_gib is not None else None,
                            sim_load_s=model.sim_load_ms / 1000.0
                            if model.sim_load_ms is not None else None))
@@ -509,7 +555,7 @@ _UNITS = {"gib": 2**30, "mib": 2**20, "kib": 2**10, "gb": 10**9, "mb": 10**6, "k
 
 
 def parse_size_bytes(text: str) -> int:
-    """``16GiB``, ``512MiB``, ``8GB`` or a number of bytes."""
+    """``16GiB``, ``512MiB``, ``8GB`` or a number of bytes: finite, at least one byte."""
     number = text.strip().rstrip("BbIiKkMmGg")
     unit = text.strip()[len(number):].lower()
     try:
@@ -518,7 +564,18 @@ def parse_size_bytes(text: str) -> int:
         raise ValueError(f"{text!r} is not a size (e.g. 16GiB, 512MiB, 8GB)") from None
     if unit not in _UNITS or value <= 0:
         raise ValueError(f"{text!r} is not a size (e.g. 16GiB, 512MiB, 8GB)")
-    return int(value * _UNITS[unit])
+    return _bytes_of(value, _UNITS[unit])
+
+
+def _bytes_of(value: float, unit: int) -> int:
+    """``value`` units as whole bytes; a ValueError (never an OverflowError) where that is
+    not a finite number or is under one byte."""
+    size = value * unit
+    if not math.isfinite(size):
+        raise ValueError("not a finite size")
+    if size < 1:
+        raise ValueError("under 1 byte")
+    return int(size)
 
 
 def _path(value: str | None) -> Path | None:

@@ -113,8 +113,9 @@ class ServerConfig:
     placement: "all" (every model a replica on every device) or "auto" (the placer decides,
         within each device's memory, from the measured demand: ``balancer.placement``).
     device_memory_bytes: memory replicas may use, per device name; a device not named has
-        its GPU's total less a tenth, no more than was free at start where that is known
-        (``engine.device_memory``), the machine's RAM (cpu), or no limit (sim).
+        its GPU's free memory at start less a tenth of its total, or its total less a tenth
+        where free memory is not known (``engine.device_memory.usable_bytes``), the machine's
+        RAM (cpu), or no limit (sim).
     """
 
     host: str = "127.0.0.1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -36,8 +37,8 @@ def parse_devices(text: str) -> list[DeviceSpec]:
                 speed = float(arg) if arg else 1.0
             except ValueError:
                 raise ValueError(f"bad device {entry!r}: expected sim:SPEED") from None
-            if speed <= 0:
-                raise ValueError(f"bad device {entry!r}: speed must be > 0")
+            if not (math.isfinite(speed) and speed > 0):
+                raise ValueError(f"bad device {entry!r}: speed must be a finite number > 0")
             index = seen["sim"]
             specs.append(DeviceSpec("sim", index, f"sim{index}", speed))
         else:

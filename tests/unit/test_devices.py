@@ -15,7 +15,10 @@ def test_bare_cpu_counts_up() -> None:
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("tpu:0", "unknown device"), ("sim:-1", "speed must be > 0"), ("sim:fast", "sim:SPEED"),
+    ("tpu:0", "unknown device"), ("sim:-1", "speed must be a finite number > 0"),
+    ("sim:fast", "sim:SPEED"),
+    ("sim:nan", "speed must be a finite number > 0"),
+    ("sim:inf", "speed must be a finite number > 0"), ("sim:0", "speed must be"),
     ("cuda:x", "cuda:N"), ("cpu:0,cpu:0", "listed twice"), ("cpu,,cpu", "empty device")])
 def test_bad_devices_are_named(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):

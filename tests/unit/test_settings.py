@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import tomllib
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from evenflow.balancer import Policy
-from evenflow.server.config.cli import main
+from evenflow.server.config.cli import add_serve_arguments, config_from_args, main
 from evenflow.server.config.deployment_file import ConfigError, file_defaults, load
 from evenflow.server.config.server_config import ServerConfig
 
@@ -57,6 +58,41 @@ BAD_FILES = [
     ("front-end processes", "[server]\nfrontends = 0\n", "server.frontends = 0"),
     ("worker host", "[server]\nworkers = \"threads\"\n", "server.workers"),
     ("not TOML", "[server\nport = 1\n", "not TOML"),
+    ("message size past gRPC's int32", "[server]\nmax_message_bytes = 2147483648\n",
+     "server.max_message_bytes = 2147483648: at most 2147483647"),
+    ("GIL switch interval inf", "[server]\ngil_switch_interval_us = inf\n",
+     "server.gil_switch_interval_us = inf"),
+    ("GIL switch interval past a second", "[server]\ngil_switch_interval_us = 1e20\n",
+     "server.gil_switch_interval_us = 1e+20"),
+    ("GIL switch interval under a microsecond", "[server]\ngil_switch_interval_us = 0.5\n",
+     "server.gil_switch_interval_us = 0.5"),
+    ("device memory inf", '[devices]\nmemory = { cuda0 = "inf" }\n',
+     "devices.memory.cuda0 = 'inf': not a finite size"),
+    ("device memory past a float", '[devices]\nmemory = { cuda0 = "1e400" }\n',
+     "devices.memory.cuda0 = '1e400': not a finite size"),
+    ("device memory nan", '[devices]\nmemory = { cuda0 = "nan" }\n',
+     "devices.memory.cuda0 = 'nan': not a finite size"),
+    ("device memory under a byte", '[devices]\nmemory = { cuda0 = "0.1B" }\n',
+     "devices.memory.cuda0 = '0.1B': under 1 byte"),
+    ("model memory inf", '[models.m]\nsource = "sim"\nmemory_gib = inf\n',
+     "models.m.memory_gib = inf"),
+    ("model memory under a byte", '[models.m]\nsource = "sim"\nmemory_gib = 1e-12\n',
+     "models.m.memory_gib = 1e-12: under 1 byte"),
+    ("sim device of speed nan", '[devices]\nlist = ["sim:nan"]\n',
+     "devices.list = ['sim:nan']: bad device 'sim:nan': speed must be a finite number > 0"),
+    ("batch bigger than the queued samples", "[balancing]\nmax_queued_samples = 16\n",
+     "balancing.max_batch = 64: a full batch cannot fit in the admission bound "
+     "(max_queued_samples = 16"),
+    ("a model's batch bigger than the queued samples",
+     '[balancing]\nmax_queued_samples = 16\nmax_batch = 8\n'
+     '[models.m]\nsource = "mlp"\nmax_batch = 32\n',
+     "models.m.max_batch = 32: a full batch cannot fit"),
+    ("a model's queued samples below the batch",
+     '[models.m]\nsource = "mlp"\nmax_batch = 8\nmax_queued_samples = 4\n',
+     "models.m.max_batch = 8: a full batch cannot fit in the admission bound "
+     "(max_queued_samples = 4, models.m.max_queued_samples)"),
+    ("no auth groups", "[security]\nauth_groups = []\n",
+     "security.auth_groups = []: name at least one group"),
 ]
 
 
@@ -124,3 +160,71 @@ def test_help_shows_the_defaults_of_the_config_classes(
     config = ServerConfig()
     assert f"(default {config.balancer.max_batch})" in text
     assert f"(default {config.port})" in text
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--max-message-bytes", "2147483648"], "server.max_message_bytes = 2147483648"),
+    (["--gil-switch-interval-us", "inf"], "server.gil_switch_interval_us = inf"),
+    (["--device-memory", "cuda0=inf"], "devices.memory.cuda0 = 'inf': not a finite size"),
+    (["--devices", "sim:inf"], "speed must be a finite number > 0"),
+    (["--max-queue-samples", "8"], "balancing.max_batch = 64: a full batch cannot fit"),
+    (["--auth-groups", ""], "security.auth_groups"),
+    (["--model", "a=sim", "--model", "a=mlp"], "--model = 'a=mlp': model 'a' given twice"),
+])
+def test_check_config_names_the_key_of_a_bad_flag(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str],
+        message: str) -> None:
+    path = tmp_path / "empty.toml"
+    path.write_text("")
+    assert main(["check-config", str(path), *flags]) == 1
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_a_repeated_model_flag_is_refused_before_anything_starts() -> None:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(["--model", "a=sim", "--model", "a=mlp"])
+    with pytest.raises(ConfigError, match="model 'a' given twice"):
+        config_from_args(args)
+
+
+def test_an_unbounded_queue_delay_stays_allowed() -> None:
+    config = load(None, {"balancing": {"max_queue_delay_ms": float("inf")},
+                         "devices": {"memory": {"sim0": "1.5GiB"}},
+                         "server": {"gil_switch_interval_us": 1.0,
+                                    "max_message_bytes": 2**31 - 1}})
+    assert config.balancer.max_queue_delay_s == float("inf")
+    assert config.device_memory_bytes == {"sim0": 3 * 2**29}
+    assert config.max_message_bytes == 2**31 - 1
+
+
+def test_help_says_the_default_of_metrics_and_device_memory(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default off)" not in text  # "off" is not a value --metrics-port takes
+    assert "not given: no metrics are served" in text
+    assert "total less a tenth, at most its free memory" not in text
+    assert "free memory at start less a tenth of its total" in text
+
+
+def test_the_documented_keys_are_the_schema() -> None:
+    """docs/configuration.md's table of sections names every key of the file's schema."""
+    from evenflow.server.config.deployment_file import ModelSection, Settings
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    rows = dict(re.findall(r"^\| `\[(\w+)(?:\.NAME)?\]` \| (.+) \|$", docs, re.MULTILINE))
+    for section, field in Settings.model_fields.items():
+        if section == "models":
+            keys = [*ModelSection.model_fields]
+            documented = rows["models"] + rows["balancing"]
+        else:
+            annotation = field.annotation
+            assert isinstance(annotation, type)
+            keys = [f.alias or name for name, f in annotation.model_fields.items()]
+            documented = rows[section]
+        missing = [key for key in keys if f"`{key}`" not in documented]
+        assert not missing, (section, missing)
