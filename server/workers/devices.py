@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -49,6 +50,14 @@ def parse_devices(text: str) -> list[DeviceSpec]:
     if duplicates:
         raise ValueError(f"devices listed twice: {duplicates}")
     return specs
+
+
+def lowest_free_index(devices: Iterable[DeviceSpec], kind: str) -> int:
+    """The index a device of ``kind`` joining ``devices`` is named by: the lowest one no device
+    of that kind has. A node that leaves and comes back gets its names back, so memory
+    declared for ``cuda1`` still applies, and names stay within what a cluster has."""
+    taken = {d.index for d in devices if d.kind == kind}
+    return next(i for i in range(len(taken) + 1) if i not in taken)
 
 
 def default_devices() -> str:

@@ -14,7 +14,7 @@ import ray
 
 from evenflow.server.edge.event_loop import cancel_and_wait
 from evenflow.server.engine.model_control import ModelManager
-from evenflow.server.workers.devices import DeviceSpec
+from evenflow.server.workers.devices import DeviceSpec, lowest_free_index
 from evenflow.server.workers.ray_resources import SIM_RESOURCE
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,6 @@ class ClusterFollower:
         self._manager = manager
         self._interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
-        self._next_index: Counter[str] = Counter(d.kind for d in manager.devices)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ray:follow-cluster")
@@ -61,8 +60,9 @@ class ClusterFollower:
         for kind in _KINDS:
             have = [d for d in self._manager.devices if d.kind == kind]
             for _ in range(counts[kind] - len(have)):
-                index = self._next_index[kind]
-                self._next_index[kind] += 1
+                # A device that left was drained and closed before this (the manager's
+                # remove_device holds its lock through it): its name is free again.
+                index = lowest_free_index(self._manager.devices, kind)
                 device = DeviceSpec(kind, index, f"{kind}{index}")
                 logger.info("Ray cluster: %s joined", device.name)
                 await self._manager.add_device(device)

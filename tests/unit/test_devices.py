@@ -1,6 +1,6 @@
 import pytest
 
-from evenflow.server.workers.devices import DeviceSpec, parse_devices
+from evenflow.server.workers.devices import DeviceSpec, lowest_free_index, parse_devices
 
 
 def test_parse_mixed_devices() -> None:
@@ -23,3 +23,11 @@ def test_bare_cpu_counts_up() -> None:
 def test_bad_devices_are_named(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_devices(text)
+
+
+def test_a_device_joining_takes_the_lowest_index_free_so_a_returning_node_keeps_its_names(
+        ) -> None:
+    devices = parse_devices("cuda:0,cuda:2,sim:1")  # cuda1's node left
+    assert lowest_free_index(devices, "cuda") == 1
+    assert lowest_free_index(devices, "sim") == 1
+    assert lowest_free_index([], "cuda") == 0
