@@ -69,7 +69,8 @@ class Admission:
         config, counters = self.config, self.counters
         if not math.isfinite(finish_s):
             return
-        if now_s + finish_s + counters.lateness.margin_s > deadline_s:
+        margin_s = counters.lateness.margin_at(now_s)
+        if now_s + finish_s + margin_s > deadline_s:
             counters.rejected["deadline"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
                              f"{finish_s * 1e3:.0f} ms, after the request's deadline "
@@ -92,10 +93,10 @@ class Admission:
             # (max wait + the running batch + its own), so a prediction near the SLO at
             # moderate load is no reason to refuse it.
             return
-        if finish_s + counters.lateness.margin_s > slo_s:
+        if finish_s + margin_s > slo_s:
             counters.rejected["latency_target"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "
-                             f"{finish_s * 1e3:.0f} ms (+{counters.lateness.margin_s * 1e3:.0f} "
+                             f"{finish_s * 1e3:.0f} ms (+{margin_s * 1e3:.0f} "
                              f"ms of measured lateness), over its SLO of {slo_s * 1e3:.0f} ms "
                              "(--slo-ms)")
 

@@ -33,7 +33,7 @@ def answer_batch(counters: ModelCounters, jobs: Sequence[Job], outputs: Sequence
             job.future.set_result(output)
     counters.queue.add(start_s * num_jobs - arrivals_s, num_jobs)
     counters.success.add(now_s * num_jobs - arrivals_s, num_jobs)
-    counters.lateness.refresh()
+    counters.lateness.refresh(now_s)
 
 
 def fail_jobs(counters: ModelCounters, jobs: Sequence[Job], error: BaseException,

@@ -21,6 +21,7 @@ from evenflow.balancer.errors import (
     ShuttingDown,
     WorkerLost,
 )
+from evenflow.balancer.estimator import MIN_BATCH_S
 from evenflow.balancer.job import Clock, Job, Worker
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.parking import ParkingLot
@@ -322,6 +323,10 @@ class ModelBalancer:
         for job in (*running, *queued):
             if job.future.done():
                 continue
+            # Its prediction was for the replica it left: answered late by the time the loss
+            # took (a watchdog, a restart), it would teach admission's lateness margin seconds
+            # that no routed request will wait, and the margin would refuse every close deadline.
+            job.predicted_done_s = math.inf
             if job.attempts > 1 or not self.routable:
                 job.future.set_exception(WorkerLost(
                     f"model {self.model_name!r}: "
@@ -354,8 +359,10 @@ class ModelBalancer:
             chosen = replicas[next(self._round_robin) % len(replicas)]  # the live ones
             return chosen, chosen.load(now_s).work_s(num_samples)
         # shared-queue: every replica reads the same queue, so it drains at their summed rate
+        # (each batch at least MIN_BATCH_S: a prior configured at no cost must not divide by 0)
         loads = [replica.load(now_s) for replica in replicas]
-        rate = sum(load.batch_size / (load.base_s + load.per_sample_s * load.batch_size)
+        rate = sum(load.batch_size / max(load.base_s + load.per_sample_s * load.batch_size,
+                                         MIN_BATCH_S)
                    for load in loads)
         queued = loads[0].queued_samples + num_samples
         return replicas[0], min(load.running_remaining_s for load in loads) + queued / rate

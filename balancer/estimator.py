@@ -15,6 +15,13 @@ _MAX_RELIABLE_ERROR = 0.2  # mean relative error above which the fit is not trus
 PRIOR_BASE_S = 0.002
 PRIOR_PER_SAMPLE_S = 0.0002
 
+# The least a batch is taken to cost. Routing divides by batch time (a shared queue drains at
+# the replicas' summed ``b / t(b)``), so a batch measured at zero (a simulated device, a fake, a
+# clock too coarse to see it) must not teach a free one. A microsecond is below anything a
+# real batch costs (the hand-off to a worker and back alone costs tens), so it floors only
+# those.
+MIN_BATCH_S = 1e-6
+
 
 @dataclass(frozen=True, slots=True)
 class LatencyFit:
@@ -77,6 +84,7 @@ class LatencyModel:
         return self._fit.predict_s(batch_size)
 
     def observe(self, batch_size: int, latency_s: float) -> None:
+        latency_s = max(latency_s, MIN_BATCH_S)
         predicted = self._fit.predict_s(batch_size)
         if self._w > 0.0 and predicted > 0.0:
             ratio = latency_s / predicted
@@ -132,10 +140,13 @@ class LatencyModel:
             # (``CostBook.observe_at``), where capacity is priced.
             size = round(mean_b)
             prior_t = self._prior.predict_s(size)
-            scale = mean_t / prior_t if prior_t > 0 else 1.0
-            return LatencyFit(self._prior.base_s * scale, self._prior.per_sample_s * scale,
-                              reliable=False, settled=self._settled(), batch_size=mean_b,
-                              latency_s=mean_t)
+            if prior_t > 0:
+                scale = mean_t / prior_t
+                base, per_sample = self._prior.base_s * scale, self._prior.per_sample_s * scale
+            else:  # a prior of no cost at all has no split to scale: all of it per batch
+                base, per_sample = mean_t, 0.0
+            return LatencyFit(base, per_sample, reliable=False, settled=self._settled(),
+                              batch_size=mean_b, latency_s=mean_t)
         per_sample = (self._wbt / w - mean_b * mean_t) / var_b
         base = mean_t - per_sample * mean_b
         if per_sample <= 0.0:  # noise made the slope vanish: charge everything per batch

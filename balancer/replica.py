@@ -100,15 +100,17 @@ class Replica:
     left: work queued elsewhere when it was routed can be bound late, to the batch that starts
     now.
 
-    A batch that runs out of memory is split in half and retried, and the controller's cap drops;
-    any other failure fails only that batch's jobs.
+    A batch that runs out of memory is split in half and retried (``_split``), and the
+    controller's cap drops; any other failure fails only that batch's jobs, as does a batch
+    answered with a different number of outputs than it has jobs.
 
     A worker that dies, or runs a batch past the watchdog (ten times its predicted time, at
     least ``watchdog_floor_s``, or ``watchdog_s`` before the latency fit has measured a batch;
     time the event loop itself was stalled does not count: ``Watchdog``), is lost: the replica
     leaves routing, hands the batch's jobs and its queue to the owner (``lost``: the balancer
     re-runs them elsewhere), and restarts the worker, backing off while restarts fail; then it
-    is back in routing (``restored``).
+    is back in routing (``restored``), unless it left routing for good meanwhile. Out of routing
+    its loop takes no batch, not even from a shared queue.
 
     A worker whose device is lost (``DeviceLost``: a sticky CUDA error poisons the device's
     context, so every later batch on it would fail) is lost the same way, but a restart helps
@@ -141,7 +143,8 @@ class Replica:
         self._max_in_flight = max(1, worker.max_in_flight)
         self._in_flight: set[asyncio.Task[None]] = set()
         self._task: asyncio.Task[None] | None = None
-        self._quiet = asyncio.Event()  # nothing queued and nothing running
+        # Nothing queued for it to run and nothing running (out of routing: nothing running).
+        self._quiet = asyncio.Event()
         self._quiet.set()
         self.forming = False  # a partial batch is waiting for more work (up to max_wait_s)
         self._arrivals = ArrivalRate()
@@ -149,6 +152,10 @@ class Replica:
         self._watchdog_s = config.watchdog_s
         self._watchdog_floor_s = min(config.watchdog_floor_s, config.watchdog_s)
         self._healthy = True
+        self._routed = asyncio.Event()  # set while in routing: the loop takes batches only then
+        self._routed.set()
+        self._leaving = False  # out of routing for good (``leave_routing``): never restored
+        self._losses = 0  # times its worker was lost, so a batch can tell it was lost meanwhile
         self.unusable_reason = ""  # set when a lost device takes the replica out for good
         self.restarts = 0
         self._last_done_s = -math.inf
@@ -197,7 +204,8 @@ class Replica:
         self._task = None
 
     async def wait_quiet(self) -> None:
-        """Return once nothing is queued and no batch is running."""
+        """Return once nothing is queued for it to run and no batch is running (out of
+        routing, it runs nothing more: once no batch is running)."""
         await self._quiet.wait()
 
     # What the balancer's admission and routing read.
@@ -264,8 +272,19 @@ class Replica:
             self._queue.wake()
 
     def leave_routing(self) -> None:
-        """Out of routing for good (its device left): the balancer takes its queue over."""
+        """Out of routing for good (its device left): the balancer takes its queue over, and a
+        restart that ends meanwhile does not bring it back."""
+        self._leaving = True
+        self._out_of_routing()
+
+    def _out_of_routing(self) -> None:
         self._healthy = False
+        self._routed.clear()
+        if not self._running_requests:
+            # It holds nothing now: its own queue goes to the balancer, a shared one is for
+            # the replicas in routing. Said now, not when its loop next wakes (a forming batch
+            # waits out max_wait_s first), so a removal need not wait for that.
+            self._quiet.set()
 
     def _next_batch_size(self, now_s: float, remaining_s: float) -> int:
         """How large the next batch may be, given when it starts and how long its oldest
@@ -344,12 +363,15 @@ class Replica:
     async def _next_batch(self) -> list[Job]:
         queue, owner, stealer = self._queue, self._owner, self._stealer
         while True:
-            if self.unusable_reason:
-                # Out for good: take nothing more (a shared queue would still feed this loop)
-                # and hold nothing, until ``stop``.
+            if not self._healthy:
+                # Out of routing (restarting, leaving, or out for good): take nothing until back
+                # in routing. A shared queue would still feed this loop, and its jobs would be
+                # lost with the worker again, or keep a leaving replica from ever leaving.
+                self.forming = False
                 if not self._running_requests:
                     self._quiet.set()
-                await asyncio.get_running_loop().create_future()
+                await self._routed.wait()
+                continue
             if not len(queue):
                 if not self._running_requests:
                     self._quiet.set()
@@ -358,6 +380,9 @@ class Replica:
                 if not len(queue):
                     await queue.wait_changed(None if stealer is None else _IDLE_POLL_S)
                     continue
+            # Work it will run is queued (forming, or waiting for a turn on a shared device):
+            # not quiet, or a drain would spin through its wait until the batch starts.
+            self._quiet.clear()
             now_s = self._clock()
             size = self._next_batch_size(now_s, 0.0)
             wait_s = queue.oldest_arrival_s + self._max_wait_s - now_s
@@ -367,6 +392,9 @@ class Replica:
             if queue.num_samples >= size or wait_s <= 0.0 or self._close_early or alone:
                 self.forming = self._close_early = False
                 if await self._take_turn():
+                    if not self._healthy:  # it left routing while it waited for the turn
+                        self._end_turn()
+                        continue
                     # The device may have been another model's until now: more may have
                     # queued, and the oldest request has waited longer: sized afresh.
                     now_s = self._clock()
@@ -412,6 +440,7 @@ class Replica:
     async def _execute(self, jobs: list[Job]) -> None:
         num_samples = sum(job.num_samples for job in jobs)
         start_s = self._clock()
+        losses = self._losses
         if not self._running_requests:
             self._running_since_s = start_s
             self._running_end_s = start_s
@@ -430,9 +459,7 @@ class Replica:
             logger.warning("%s: out of memory at batch %d; cap now %d", self.name, num_samples,
                            self._controller.cap)
             if len(jobs) > 1:
-                half = len(jobs) // 2
-                await self._execute(jobs[:half])
-                await self._execute(jobs[half:])
+                await self._split(jobs, losses)
             else:
                 self._fail(jobs, exc)
             return
@@ -450,17 +477,72 @@ class Replica:
             self._running_requests -= len(jobs)
             if not self._running_requests:
                 self._running_since_s = None
-                if not len(self._queue) or self.unusable_reason:
+                if not len(self._queue) or not self._healthy:
                     self._quiet.set()
-        cpu = self._model_counters.cpu
-        if cpu is None:
-            self._complete(jobs, num_samples, start_s, result)
+        self._answer(jobs, num_samples, start_s, result)
+
+    def _answer(self, jobs: list[Job], num_samples: int, start_s: float,
+                result: BatchResult) -> None:
+        """Answer a batch that ran: each job its output, or all of them ``BatchFailed`` when
+        the outputs do not match the jobs one for one."""
+        if len(result.outputs) != len(jobs):
+            logger.error("%s: the worker returned %d outputs for a batch of %d requests",
+                         self.name, len(result.outputs), len(jobs))
+            self._fail(jobs, BatchFailed(f"{self.name} returned {len(result.outputs)} outputs "
+                                         f"for a batch of {len(jobs)} requests"))
             return
-        completing_s = time.thread_time()
-        self._complete(jobs, num_samples, start_s, result)
-        cpu.add("completion", time.thread_time() - completing_s)
-        if result.cpu is not None:
-            cpu.add_batch(result.cpu)
+        # The batch ran; a bug while answering it must still answer it and leave the loop
+        # running, or the replica would stay in routing with nothing taking its queue.
+        try:
+            cpu = self._model_counters.cpu
+            if cpu is None:
+                self._complete(jobs, num_samples, start_s, result)
+                return
+            completing_s = time.thread_time()
+            self._complete(jobs, num_samples, start_s, result)
+            cpu.add("completion", time.thread_time() - completing_s)
+            if result.cpu is not None:
+                cpu.add_batch(result.cpu)
+        except Exception as exc:
+            logger.exception("%s: answering a batch failed", self.name)
+            self._fail([job for job in jobs if not job.future.done()],
+                       BatchFailed(f"{type(exc).__name__}: {exc}"))
+
+    async def _split(self, jobs: list[Job], losses: int) -> None:
+        """Run ``jobs``, a batch that ran out of memory, as two halves one after the other,
+        each answered whatever happens. Stopped during the first, the second fails with it.
+        If the worker was lost since the batch started (under the first half, or under another
+        batch of a pipeline) and is not back, what has not run goes to the owner to re-run
+        elsewhere, as a lost worker's running batch does, not to the worker being restarted."""
+        half = len(jobs) // 2
+        first, second = jobs[:half], jobs[half:]
+        if self._lost_since(losses):
+            self._hand_over(jobs)
+            return
+        try:
+            await self._execute(first)
+        except asyncio.CancelledError:
+            self._fail(second, ShuttingDown(f"{self.name} stopped while running the batch"))
+            raise
+        if self._lost_since(losses):
+            self._hand_over(second)
+            return
+        await self._execute(second)
+
+    def _lost_since(self, losses: int) -> bool:
+        """Whether the worker was lost since ``_losses`` was ``losses`` and is out of routing
+        still (restarting, or out for good)."""
+        return self._losses != losses and not self._healthy
+
+    def _hand_over(self, jobs: list[Job]) -> None:
+        """Jobs of a batch that was running when the worker was lost, not run since: to the
+        owner, to re-run once elsewhere (with no owner they fail)."""
+        logger.error("%s: worker lost during a split batch; re-routing %d requests", self.name,
+                     len(jobs))
+        if self._owner is not None:
+            self._owner.lost(self, jobs, [])
+        else:
+            self._fail(jobs, WorkerLost(f"{self.name} was lost while running the batch"))
 
     async def _run_watched(self, jobs: list[Job], num_samples: int) -> BatchResult:
         floor_s = self._watchdog_floor_s if self._estimator.observed else self._watchdog_s
@@ -486,7 +568,8 @@ class Replica:
         retire = isinstance(error, DeviceLost) and not restart_renews_device(self.worker)
         if retire:
             self.unusable_reason = str(error)
-        self._healthy = False
+        self._losses += 1
+        self._out_of_routing()
         queued = self.give_up_newest(len(self._queue))
         if self._owner is not None:
             self._owner.lost(self, jobs, queued)
@@ -496,6 +579,8 @@ class Replica:
             logger.error("%s: device unusable; out of routing until the server restarts",
                          self.name)
             return
+        if self._leaving:
+            return  # its worker is about to be closed: nothing to restart it for
         if self._restart_task is None:
             self._restart_task = asyncio.create_task(self._restart(),
                                                      name=f"restart:{self.name}")
@@ -513,8 +598,14 @@ class Replica:
                     await sleep_s(self._time, delay_s)
                     continue
                 self.restarts += 1
+                if self.unusable_reason or self._leaving:
+                    # Taken out for good while it restarted (another batch lost the device, or
+                    # the replica is being removed): a restart does not undo that.
+                    logger.warning("%s: worker restarted; staying out of routing", self.name)
+                    return
                 logger.warning("%s: worker restarted; back in routing", self.name)
                 self._healthy = True
+                self._routed.set()
                 if self._owner is not None:
                     self._owner.restored(self)
                 return

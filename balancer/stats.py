@@ -86,13 +86,23 @@ class LatencyHistogram:
         return buckets
 
 
+# A lateness margin that no answer has confirmed for this long is forgotten. The margin can
+# refuse every request that would renew it (all of a model's traffic carries deadlines closer
+# than a stall's lateness): kept until answers renew it, it would refuse them for good. Five
+# seconds is long beside any batch a server answers (the window of 512 turns over in less at
+# 100 requests a second), so a loaded model keeps its margin; a stall's margin ends within it.
+LATENESS_FORGET_S = 5.0
+
+
 class Lateness:
     """How much later than predicted admitted requests were answered: the high quantile of a
     sliding window, refreshed once per batch. Admission adds it to a prediction, so the margin
     it keeps is what the device-time model misses here (batch joiners, thread hand-offs, a busy
-    loop), learned rather than guessed."""
+    loop), learned rather than guessed. Admission reads it through ``margin_at``: a margin no
+    answer has renewed for ``LATENESS_FORGET_S`` is forgotten, its window with it."""
 
-    __slots__ = ("_grown", "_quantile", "_recent", "_since_refresh", "margin_s")
+    __slots__ = ("_fresh", "_grown", "_heard_s", "_quantile", "_recent", "_since_refresh",
+                 "margin_s")
 
     # Sorting the window costs ~15 us: once per this many new values while lateness stays
     # within the margin, at once when a value passes it (a stall must raise the margin now).
@@ -103,6 +113,8 @@ class Lateness:
         self._quantile = quantile
         self._since_refresh = 0
         self._grown = False
+        self._fresh = False  # a value came since the last refresh
+        self._heard_s = -math.inf  # when a refresh last had a new value
         self.margin_s = 0.0
 
     def add(self, late_s: float) -> None:
@@ -110,10 +122,14 @@ class Lateness:
             self._recent.append(late_s)
             self._since_refresh += 1
             self._grown = self._grown or late_s > self.margin_s
+            self._fresh = True
 
-    def refresh(self) -> None:
-        """Recompute the margin: at once when a new value passed it, else once per 32 new
-        values (and for each of the first 32)."""
+    def refresh(self, now_s: float) -> None:
+        """Recompute the margin (values added until ``now_s``): at once when a new value passed
+        it, else once per 32 new values (and for each of the first 32)."""
+        if self._fresh:
+            self._fresh = False
+            self._heard_s = now_s
         if not self._grown and self._since_refresh < self._REFRESH_EVERY \
                 and len(self._recent) > self._REFRESH_EVERY:
             return
@@ -123,6 +139,19 @@ class Lateness:
             ordered = sorted(self._recent)  # nearest rank, as loadtest.percentiles
             index = max(0, math.ceil(self._quantile * len(ordered)) - 1)
             self.margin_s = max(0.0, ordered[index])
+
+    def margin_at(self, now_s: float) -> float:
+        """The margin to add to a prediction made at ``now_s``: ``margin_s``, or 0 once no new
+        value has come for ``LATENESS_FORGET_S`` (then the window is cleared too, so that the
+        next answers are not judged beside the values that set the old margin)."""
+        if now_s - self._heard_s <= LATENESS_FORGET_S:
+            return self.margin_s
+        if self._recent:
+            self._recent.clear()
+            self._since_refresh = 0
+            self._grown = False
+        self.margin_s = 0.0
+        return 0.0
 
 
 @dataclass(slots=True)

@@ -66,9 +66,24 @@ def test_admission_in_time(overrides: dict[str, object], placed: Placed, finish_
 
 def test_measured_lateness_counts_against_the_deadline() -> None:
     rules = admission()
-    rules.counters.lateness.margin_s = 0.015  # answers have come 15 ms later than predicted
+    rules.counters.lateness.add(0.015)  # an answer came 15 ms later than predicted
+    rules.counters.lateness.refresh(NOW_S)
     with pytest.raises(Overloaded, match="after the request's deadline"):
         rules.in_time(Placed(), 1, NOW_S, 0.030, NOW_S + 0.040, [JobQueue()], 1)
+
+
+def test_a_margin_no_answer_has_renewed_lately_is_forgotten() -> None:
+    from evenflow.balancer.stats import LATENESS_FORGET_S
+
+    rules = admission()
+    rules.counters.lateness.add(0.015)
+    rules.counters.lateness.refresh(NOW_S)
+    later_s = NOW_S + LATENESS_FORGET_S
+    with pytest.raises(Overloaded):  # still fresh at the limit
+        rules.in_time(Placed(), 1, later_s, 0.030, later_s + 0.040, [JobQueue()], 1)
+    later_s += 0.001
+    rules.in_time(Placed(), 1, later_s, 0.030, later_s + 0.040, [JobQueue()], 1)
+    assert rules.counters.lateness.margin_s == 0.0
 
 
 async def test_count_bounds_refuse_once_cancelled_jobs_gave_their_slots_back() -> None:

@@ -37,13 +37,13 @@ def test_the_admission_margin_rises_at_once_and_falls_lazily() -> None:
     lateness = Lateness(window=512, quantile=0.99)
     for _ in range(100):
         lateness.add(0.001)
-        lateness.refresh()
+        lateness.refresh(0.0)
     assert lateness.margin_s == pytest.approx(0.001)
     for _ in range(20):  # a stall: answers come 50 ms later than predicted
         lateness.add(0.050)
-    lateness.refresh()
+    lateness.refresh(0.0)
     assert lateness.margin_s == pytest.approx(0.050)  # raised by the next refresh
     for _ in range(600):  # the stall has left the window; the margin falls back, lazily
         lateness.add(0.0)
-        lateness.refresh()
+        lateness.refresh(0.0)
     assert lateness.margin_s == 0.0
