@@ -34,9 +34,13 @@ def build_thread_worker(spec: WorkerSpec, definition: ModelDefinition) -> Worker
     dtype = TORCH_DTYPES[spec.dtype]
     devices = spec.devices
     if len(devices) > 1:
+        # Per stage, as for a replica of one device (--dtype is the GPUs' precision, float32
+        # elsewhere), not the first device's for all: that ran a cpu,cuda:0 pipeline's GPU
+        # stage in float32 and a cuda:0,cpu pipeline's CPU stage in --dtype.
         return PipelineWorker(model_name=spec.model_name, definition=definition,
                               devices=devices, cpu_threads=spec.cpu_threads,
-                              dtype=dtype if devices[0].kind == "cuda" else torch.float32,
+                              dtype=[dtype if d.kind == "cuda" else torch.float32
+                                     for d in devices],
                               partition=spec.pipeline.partition,
                               repartition=spec.pipeline.repartition)
     device = devices[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -27,6 +28,8 @@ from evenflow.server.workers.replica_module import module_for
 from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
 from evenflow.server.workers.thread_worker import ThreadExit, ThreadWorker
 from evenflow.server.workers.tracing import trace_or_keep
+
+logger = logging.getLogger(__name__)
 
 
 class TorchWorker(ThreadWorker):
@@ -87,17 +90,21 @@ class TorchWorker(ThreadWorker):
     def _execute(self, jobs: Sequence[Job]) -> BatchResult:
         try:
             return self._run_batch(jobs)
-        except torch.OutOfMemoryError as exc:
-            # Only the message leaves this handler: the exception's traceback holds the batch's
-            # device tensors (inputs, activations), and the balancer retries the halves while
-            # it holds our error, so chaining would keep them allocated through every retry.
-            message = str(exc)
         except EvenflowError:
             raise
         except Exception as exc:  # a sticky CUDA error may surface at any sync or copy
-            raise classify_device_error(exc, device=str(self._device)) from exc
-        self._release_memory()
-        raise OutOfMemory(f"out of memory on {self._device}: {message}")
+            # Out of memory counts however torch wrapped it: a traced model's arrives as the
+            # TorchScript interpreter's RuntimeError, which must split the batch all the same.
+            error = classify_device_error(exc, device=str(self._device))
+            if not isinstance(error, OutOfMemory):
+                logger.debug("%s: batch raised", self._name, exc_info=exc)
+        # Raised here, outside the handler, and not chained: the exception's traceback holds
+        # the batch's frames and so its device tensors (inputs, activations), and the balancer
+        # holds our error while it retries the halves (or answers the requests), so a
+        # __cause__ or __context__ would keep them allocated all that time. The message stays.
+        if isinstance(error, OutOfMemory):
+            self._release_memory()
+        raise error
 
     def _run_batch(self, jobs: Sequence[Job]) -> BatchResult:
         """Copy in, compute, copy out; every device allocation of the batch happens here, so an
@@ -122,11 +129,31 @@ class TorchWorker(ThreadWorker):
 
     def _release_memory(self) -> None:
         """After an out-of-memory, once the batch's tensors are dropped: let the failed batch's
-        queued kernels finish, then hand the cached blocks back, so the retried halves (and
-        other processes on the device) find the memory whole rather than fragmented."""
+        queued kernels finish, then hand the cached blocks back where that touches only this
+        replica's device (``release_cached_memory``), so the retried halves (and other
+        processes on the device) find the memory whole rather than fragmented."""
         if self._stream is not None:
             self._sync()
-            torch.cuda.empty_cache()
+            release_cached_memory(self._device)
+
+
+def release_cached_memory(device: torch.device) -> bool:
+    """``torch.cuda.empty_cache()``, unless this process caches memory on another GPU too;
+    whether it ran.
+
+    It has no per-device form (torch 2.11: it empties every device's caching allocator), and
+    each ``cudaFree`` it makes synchronizes its device, so in the thread host, where replicas on
+    other GPUs share this process, it would stall their batches and throw their caches away.
+    Skipping it costs this replica little: before raising out of memory the allocator already
+    frees its own device's unused cached blocks and retries, so the retried halves find them
+    anyway; emptying serves other processes on the device, which is what a worker process (one
+    replica, one device) still does.
+    """
+    others = (index for index in range(torch.cuda.device_count()) if index != device.index)
+    if any(torch.cuda.memory_reserved(index) for index in others):
+        return False
+    torch.cuda.empty_cache()
+    return True
 
 
 _DEVICE_LOCKS: dict[str, threading.Lock] = {}

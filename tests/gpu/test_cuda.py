@@ -173,13 +173,18 @@ class Spread(torch.nn.Module):
         return x.unsqueeze(-1).expand(-1, -1, SPREAD).contiguous().amax(-1)
 
 
-async def test_a_batch_that_does_not_fit_is_split_and_answered() -> None:
+@pytest.mark.parametrize("traceable", [False, True], ids=["eager", "traced"])
+async def test_a_batch_that_does_not_fit_is_split_and_answered(traceable: bool) -> None:
     """64 samples need 1 GiB of activations under a 384 MiB limit: the balancer halves the
-    batch until it fits, which works only if each failed attempt let go of its memory."""
+    batch until it fits, which works only if each failed attempt let go of its memory.
+    Traced, the out-of-memory comes as the TorchScript interpreter's RuntimeError, not as
+    torch.OutOfMemoryError: it must split the batch all the same."""
     definition = ModelDefinition(module=Spread(), inputs=[TensorSpec("x", "FP32", (-1, 256))],
-                                 outputs=[TensorSpec("y", "FP32", (-1, 256))], traceable=False)
+                                 outputs=[TensorSpec("y", "FP32", (-1, 256))],
+                                 traceable=traceable)
     worker = TorchWorker(model_name="spread", definition=definition,
                          device=parse_devices("cuda:0")[0])
+    assert isinstance(worker._module, torch.jit.ScriptModule) is traceable
     balancer = ModelBalancer(model_name="spread", workers=[worker],
                              config=BalancerConfig(adaptive_batching=False, max_batch=64,
                                                    max_wait_s=0.0),
@@ -202,6 +207,31 @@ async def test_a_batch_that_does_not_fit_is_split_and_answered() -> None:
     for x, answer in zip(rows, answers, strict=True):
         np.testing.assert_array_equal(answer[0], x)
     assert balancer.replicas[0].controller.cap < 64
+
+
+async def test_a_replica_reads_its_weights_only_once_they_are_written() -> None:
+    """A bfloat16 replica of a model already on cuda:0: its weights are cast on the device, on
+    the building thread's default stream, here queued behind half a second of GPU sleep. The
+    worker's own stream is non-blocking, so nothing but the builder's wait orders its first
+    batch after the cast; without it the batch reads weights not yet written."""
+    definition = build_mlp()
+    x = np.random.default_rng(7).standard_normal((8, 256)).astype(np.float32)
+    reference = copy.deepcopy(definition.module).to(torch.bfloat16)
+    with torch.inference_mode():
+        expected = reference(torch.from_numpy(x.copy()).to(torch.bfloat16)).float().numpy()
+    on_gpu = ModelDefinition(module=copy.deepcopy(definition.module).to("cuda:0"),
+                             inputs=definition.inputs, outputs=definition.outputs,
+                             traceable=False)  # tracing would wait for the cast itself
+    torch.cuda.synchronize()
+    clock_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", 0) or 1_500_000
+    torch.cuda._sleep(int(0.5 * clock_khz * 1000))  # on the default stream, ahead of the cast
+    worker = TorchWorker(model_name="mlp", definition=on_gpu,
+                         device=parse_devices("cuda:0")[0], dtype=torch.bfloat16)
+    try:
+        result = await worker.run(jobs(x))
+    finally:
+        await worker.close()
+    np.testing.assert_allclose(result.outputs[0][0], expected, rtol=5e-3, atol=5e-3)
 
 
 def _wait_costs(wait: Callable[[torch.cuda.Stream], None]) -> tuple[float, float]:

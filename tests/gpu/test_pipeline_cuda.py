@@ -6,6 +6,7 @@ definition's module left on the CPU in float32 however many replicas are built f
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 
 import numpy as np
@@ -13,11 +14,16 @@ import pytest
 import torch
 
 from evenflow.balancer import Job
+from evenflow.server.config.server_config import PipelineConfig
 from evenflow.server.models.builtin import build_encoder, build_mlp
+from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import parse_devices
+from evenflow.server.workers.pipeline.layers import split_into_layers
 from evenflow.server.workers.pipeline.worker import PipelineWorker
 from evenflow.server.workers.replica_module import copied_to
+from evenflow.server.workers.thread_host import build_thread_worker
+from evenflow.server.workers.worker_spec import WorkerSpec
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(240)]
 
@@ -101,6 +107,40 @@ async def test_replicas_of_one_definition_on_cuda_leave_it_on_the_cpu() -> None:
         # this checks the bf16 replica computes the model, not the GPU's bf16 precision.
         np.testing.assert_allclose(y16, reference(definition, x, torch.bfloat16),
                                    rtol=5e-2, atol=1e-1)
+
+
+@pytest.mark.parametrize("devices", ["cpu,cuda:0", "cuda:0,cpu"])
+async def test_a_mixed_pipeline_runs_its_gpu_stage_in_the_dtype_and_its_cpu_stage_in_float32(
+        devices: str) -> None:
+    """Built as the server builds it (``--dtype bfloat16``): each stage in its device's dtype,
+    not the first device's, the activations cast at each hand-off."""
+    definition = build_mlp()
+    group = tuple(parse_devices(devices))
+    spec = WorkerSpec(model_name="mlp", source="mlp", devices=group, builtins=BuiltinOptions(),
+                      pipeline=PipelineConfig(stages=2), dtype="bfloat16")
+    worker = build_thread_worker(spec, definition)
+    assert isinstance(worker, PipelineWorker)
+    dtypes = [torch.bfloat16 if d.kind == "cuda" else torch.float32 for d in group]
+    xs = inputs(definition, 12, seed=9)
+    try:
+        for stage, device, dtype in zip(worker.stage_modules, group, dtypes, strict=True):
+            assert {(p.device.type, p.dtype) for p in stage.parameters()} == {(device.kind,
+                                                                              dtype)}
+        got = await answers_under_load(worker, xs)
+    finally:
+        await worker.close()
+    layers = split_into_layers(definition.module)
+    for k, (x, y) in enumerate(zip(xs, got, strict=True)):
+        out = torch.from_numpy(x)
+        with torch.inference_mode():  # the model cut where the worker cut it, on the CPU
+            for (first, end), dtype in zip(itertools.pairwise(worker.plan.bounds), dtypes,
+                                           strict=True):
+                part = copied_to(torch.nn.Sequential(*layers[first:end]),
+                                 torch.device("cpu"), dtype)
+                out = part(out.to(dtype))
+        np.testing.assert_allclose(y, out.to(torch.float32).numpy(),
+                                   rtol=TOLERANCE[torch.bfloat16],
+                                   atol=TOLERANCE[torch.bfloat16], err_msg=f"request {k}")
 
 
 def test_each_device_profiles_its_own_row() -> None:

@@ -56,6 +56,35 @@ def test_out_of_memory_stays_out_of_memory() -> None:
     assert type(error) is OutOfMemory and "cuda:0" in str(error)
 
 
+# What a traced model raises when an operation in it runs out of memory: the TorchScript
+# interpreter rethrows the allocator's OutOfMemoryError as a plain RuntimeError, its message
+# embedding the original one.
+_INTERPRETED_OOM = (
+    "The following operation failed in the TorchScript interpreter.\n"
+    "Traceback of TorchScript (most recent call last):\n"
+    "/models/spread.py(12): forward\n"
+    "RuntimeError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity "
+    "of 79.11 GiB of which 312.00 MiB is free.\n")
+
+
+@pytest.mark.parametrize("message", [
+    _INTERPRETED_OOM,
+    "CUDA error: out of memory",  # cudaErrorMemoryAllocation, outside the caching allocator
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+])
+def test_out_of_memory_however_torch_wraps_it_is_out_of_memory(message: str) -> None:
+    error = classify_device_error(RuntimeError(message), device="cuda:0")
+    assert type(error) is OutOfMemory
+    assert "cuda:0" in str(error) and message.strip().splitlines()[-1] in str(error)
+
+
+@pytest.mark.skipif(not hasattr(torch, "AcceleratorError"), reason="torch without it")
+def test_a_failed_cuda_malloc_is_out_of_memory_not_a_lost_device() -> None:
+    error_class = torch.AcceleratorError
+    error = classify_device_error(error_class("CUDA error: out of memory"), device="cuda:0")
+    assert type(error) is OutOfMemory
+
+
 @pytest.mark.parametrize("exc", [
     RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x2)"),
     IndexError("index out of range in self"),  # the same embedding bug, on the CPU: not sticky

@@ -16,12 +16,15 @@ from evenflow.balancer import Job
 from evenflow.server.config.server_config import ModelConfig, ServerConfig
 from evenflow.server.engine.model_control import ModelManager
 from evenflow.server.engine.served import ModelTable
+from evenflow.server.models.exported import load_exported
 from evenflow.server.models.repository import load_torchscript
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
-from evenflow.server.workers import torch_worker
+from evenflow.server.workers import replica_module, torch_worker
 from evenflow.server.workers.devices import DeviceSpec, parse_devices
-from evenflow.server.workers.replica_module import module_for
+from evenflow.server.workers.pipeline import layers
+from evenflow.server.workers.replica_module import ProgramDtypeError, module_for
 from evenflow.server.workers.torch_worker import TorchWorker
+from tests.exported_programs import export_with_positions
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -102,10 +105,10 @@ def test_a_scripted_module_is_copied_not_moved() -> None:
                             inputs=[TensorSpec("x", "FP32", (-1, 4))],
                             outputs=[TensorSpec("y", "FP32", (-1, 4))])
     before = snapshot(model.module)
-    wide = module_for(model, CPU, torch.float64)
+    elsewhere = module_for(model, META, torch.float32)
     assert snapshot(model.module) == before
-    assert {t.dtype for t in wide.parameters()} == {torch.float64}
-    assert not storages(wide) & storages(model.module)
+    assert elsewhere is not model.module
+    assert {t.device for t in tensors(elsewhere)} == {META}
 
 
 def test_a_definition_that_places_itself_builds_each_device_its_own() -> None:
@@ -206,3 +209,103 @@ async def test_a_joining_device_gets_its_replica_through_module_for(
         assert len(served.balancer.replicas) == 2
     finally:
         await manager.close(grace_s=1.0)
+
+
+class ConstantBetween(torch.nn.Module):
+    """Linear, plus a plain tensor (a trace keeps it as a float32 constant of its graph), then
+    Linear: cast to bfloat16 the parameters change, the constant does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = torch.nn.Linear(4, 4)
+        self.offset = torch.arange(4, dtype=torch.float32)
+        self.second = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x) + self.offset)
+
+
+def saved_trace(path: Path) -> ModelDefinition:
+    torch.jit.trace(ConstantBetween().eval(), (torch.ones(2, 4),)).save(str(path))
+    spec = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}
+    path.with_name(path.name + ".json").write_text(json.dumps(spec))
+    return load_torchscript(path)
+
+
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\..*deprecated:DeprecationWarning")
+async def test_a_torchscript_file_is_refused_a_dtype_other_than_its_own(tmp_path: Path) -> None:
+    """Cast, its bfloat16 first layer's output met the float32 constant and came out float32,
+    and the second layer failed every batch ("mat1 and mat2 must have the same dtype")."""
+    model = saved_trace(tmp_path / "between.pt")
+    cpu = DeviceSpec("cpu", 0, "cpu:0")
+    with pytest.raises(ProgramDtypeError, match="a TorchScript module cannot be recast: its "
+                       "floating parameters and buffers are float32, and this replica would "
+                       "compute in bfloat16") as info:
+        TorchWorker(model_name="between", definition=model, device=cpu, dtype=torch.bfloat16)
+    assert "--dtype float32" in str(info.value) and "save it in bfloat16" in str(info.value)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    with torch.inference_mode():
+        want = ConstantBetween().eval()(torch.from_numpy(x)).numpy()
+    own = TorchWorker(model_name="between", definition=model, device=cpu)  # its own dtype
+    try:
+        got = (await own.run(run_job(x))).outputs[0][0]
+    finally:
+        await own.close()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_exported_program_is_refused_a_dtype_other_than_its_own(tmp_path: Path) -> None:
+    """Its graph makes an ``arange(..., dtype=torch.float32)``, which no cast reaches."""
+    path = tmp_path / "positions.pt2"
+    export_with_positions(path)
+    model = load_exported(path)
+    with pytest.raises(ProgramDtypeError, match="an exported program cannot be recast"):
+        module_for(model, META, torch.bfloat16)
+    assert module_for(model, CPU, torch.float32) is model.module
+
+
+@pytest.mark.filterwarnings(r"ignore:.*torch\.jit\.script.*deprecated:DeprecationWarning")
+def test_a_scripted_module_from_a_factory_is_refused_another_dtype_too() -> None:
+    model = ModelDefinition(module=torch.jit.script(Tied().eval()),
+                            inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                            outputs=[TensorSpec("y", "FP32", (-1, 4))])
+    with pytest.raises(ProgramDtypeError, match=r"float32.*float64"):
+        module_for(model, CPU, torch.float64)
+
+
+class Waits:
+    """Stands for ``cuda_sync.wait_for_stream`` and ``torch.cuda.current_stream``: records
+    which device's current stream the builder waited for."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.devices: list[torch.device] = []
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device: ("stream", device))
+        monkeypatch.setattr(replica_module, "wait_for_stream",
+                            lambda stream: self.devices.append(stream[1]))
+
+
+def test_a_replica_on_cuda_waits_for_its_weights_to_land(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its copies and casts run on the building thread's default stream; the worker reads the
+    weights on a non-blocking stream of its own, which nothing orders after them."""
+    waits = Waits(monkeypatch)
+    cuda1 = torch.device("cuda", 1)
+    model = ModelDefinition(module=Tied().eval(), inputs=[TensorSpec("x", "FP32", (-1, 4))],
+                            outputs=[TensorSpec("y", "FP32", (-1, 4))],
+                            place=lambda device: Tied().eval())  # stands for a load onto it
+    module_for(model, cuda1, torch.float32)
+    assert waits.devices == [cuda1]
+    module_for(model, META, torch.float32)
+    module_for(model, CPU, torch.float32)
+    assert waits.devices == [cuda1]  # nothing to wait for off CUDA
+
+
+def test_a_stage_on_cuda_waits_for_its_layer_to_land(monkeypatch: pytest.MonkeyPatch) -> None:
+    waits = Waits(monkeypatch)
+    monkeypatch.setattr(layers, "copied_to", lambda layer, device, dtype: layer)
+    cuda0 = torch.device("cuda", 0)
+    layers.placed(torch.nn.Linear(4, 4).eval(), cuda0, torch.float32)
+    assert waits.devices == [cuda0]
+    layers.placed(torch.nn.Linear(4, 4).eval(), META, torch.float32)
+    assert waits.devices == [cuda0]

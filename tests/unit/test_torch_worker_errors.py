@@ -49,12 +49,15 @@ async def test_a_sticky_cuda_error_loses_the_device() -> None:
     error = await run_once(RuntimeError("CUDA error: an illegal memory access was encountered"))
     assert isinstance(error, DeviceLost)
     assert "device lost on cpu" in str(error)
+    # Not chained: the model's traceback would hold the batch's device tensors.
+    assert error.__cause__ is None and error.__context__ is None
 
 
 async def test_what_else_the_model_raises_fails_the_batch() -> None:
     error = await run_once(ValueError("bad input"))
     assert type(error) is BatchFailed
     assert str(error) == "model raised ValueError: bad input"
+    assert error.__cause__ is None and error.__context__ is None
 
 
 async def test_an_evenflow_error_passes_unchanged() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from evenflow.server.models.spec import ModelDefinition, SimProfile
-from evenflow.server.workers.replica_module import copied_to, runs_unchanged
+from evenflow.server.workers.replica_module import copied_to, runs_unchanged, settled
 from evenflow.server.workers.tracing import example_inputs
 
 
@@ -44,7 +44,8 @@ def placed(layer: torch.nn.Module, device: torch.device,
     if runs_unchanged(layer, device, float_dtype) and not any(m.training
                                                              for m in layer.modules()):
         return layer
-    return copied_to(layer, device, float_dtype)
+    # Settled: the stage's own stream must not read the weights before the copy has landed.
+    return settled(copied_to(layer, device, float_dtype), device)
 
 
 def layer_memory_bytes(layer: torch.nn.Module, float_dtype: torch.dtype | None = None) -> int:
@@ -60,25 +61,29 @@ def layer_memory_bytes(layer: torch.nn.Module, float_dtype: torch.dtype | None =
 
 
 def layer_costs_s(definition: ModelDefinition, layers: Sequence[torch.nn.Module],
-                  devices: Sequence[torch.device], float_dtype: torch.dtype, batch: int,
+                  devices: Sequence[torch.device],
+                  float_dtype: torch.dtype | Sequence[torch.dtype], batch: int,
                   repeats: int = 3) -> list[list[float]]:
     """Seconds per layer at ``batch`` on each of ``devices``: ``[device][layer]``.
 
     From the layers' ``sim_profile`` when every layer has one (the same on every device), else
-    measured: each layer runs placed on the device and dtype it would run on (best of
-    ``repeats`` after one warm-up run), fed the activations of the layers before it on that
-    device. Each distinct device is measured once; ``layers`` themselves are never moved.
+    measured: each layer runs placed on the device and dtype it would run on (``float_dtype``:
+    one for every device, or one per device; best of ``repeats`` after one warm-up run), fed
+    the activations of the layers before it on that device. Each distinct device and dtype
+    is measured once; ``layers`` themselves are never moved.
     """
     profiles = [getattr(layer, "sim_profile", None) for layer in layers]
     if all(isinstance(p, SimProfile) for p in profiles):
         costs = [p.cost_s(batch) for p in profiles]  # type: ignore[union-attr]
         return [list(costs) for _ in devices]
-    measured: dict[torch.device, list[float]] = {}
-    for device in devices:
-        if device not in measured:
-            measured[device] = _measure_on(definition, layers, device, float_dtype, batch,
-                                           repeats)
-    return [list(measured[device]) for device in devices]
+    float_dtypes = [float_dtype] * len(devices) if isinstance(float_dtype, torch.dtype) \
+        else list(float_dtype)
+    measured: dict[tuple[torch.device, torch.dtype], list[float]] = {}
+    for device, dtype in zip(devices, float_dtypes, strict=True):
+        if (device, dtype) not in measured:
+            measured[device, dtype] = _measure_on(definition, layers, device, dtype, batch,
+                                                  repeats)
+    return [list(measured[key]) for key in zip(devices, float_dtypes, strict=True)]
 
 
 def _measure_on(definition: ModelDefinition, layers: Sequence[torch.nn.Module],

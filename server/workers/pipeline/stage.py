@@ -7,6 +7,9 @@ stream, so its kernels are ordered after the copy by the stream and never read a
 have not landed. The receiver keeps the sources alive until its own wait, so an asynchronous
 copy never reads freed memory. Copies to the CPU are blocking: a CPU stage reads its inputs
 right away.
+
+A stage computes in its own dtype: it casts the floating activations it receives to it (on its
+own queue, after the copy), so a float32 CPU stage can feed a bfloat16 GPU stage and back.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from typing import Any, Protocol
 
 import torch
 
-from evenflow.balancer.errors import BatchFailed, EvenflowError, OutOfMemory
+from evenflow.balancer.errors import BatchFailed, EvenflowError
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.workers.cuda_sync import blocking_event, wait_for_stream
+from evenflow.server.workers.device_errors import classify_device_error
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +117,15 @@ class Stage:
 
     The inbox is bounded, so a slow stage pushes back on the one before it instead of letting
     activations pile up. A micro-batch that fails here is finished with its error and not
-    passed on: only its own requests fail. ``work_queue`` and ``move`` are seams: the queue a
-    device's work goes on (built on the stage's thread) and how a tensor reaches the device.
+    passed on: only its own requests fail. ``dtype``: the floating dtype the stage computes in
+    (received floating activations are cast to it; None: left as they come). ``work_queue``
+    and ``move`` are seams: the queue a device's work goes on (built on the stage's thread) and
+    how a tensor reaches the device.
     """
 
     def __init__(self, *, index: int, device: torch.device, device_name: str, speed: float,
                  module: torch.nn.Module, cpu_threads: int, inbox_size: int = 2,
+                 dtype: torch.dtype | None = None,
                  work_queue: Callable[[torch.device], WorkQueue] = work_queue_for,
                  move: Move = move_tensor) -> None:
         self.index = index
@@ -126,6 +133,7 @@ class Stage:
         self.device_name = device_name
         self.speed = speed
         self.module = module
+        self.dtype = dtype
         self.next: Stage | None = None
         self.inbox: queue.Queue[Any] = queue.Queue(maxsize=inbox_size)
         self._cpu_threads = cpu_threads
@@ -154,8 +162,16 @@ class Stage:
         """The previous stage's outputs on this device, copied on this stage's queue (the
         current one): asynchronously into a CUDA device, blocking into the CPU."""
         non_blocking = self.device.type == "cuda"
-        return tuple(self._move(t, self.device, non_blocking) if isinstance(t, torch.Tensor)
-                     else t for t in sources)
+        return tuple(self._cast(self._move(t, self.device, non_blocking))
+                     if isinstance(t, torch.Tensor) else t for t in sources)
+
+    def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A received activation in this stage's dtype: the stage before may compute in
+        another (a float32 CPU stage before a bfloat16 GPU stage), and a layer fed another
+        dtype than its weights' fails or silently computes in the wider one."""
+        if self.dtype is None or not tensor.is_floating_point() or tensor.dtype == self.dtype:
+            return tensor
+        return tensor.to(self.dtype)
 
     def _process(self, batch: MicroBatch, work: WorkQueue) -> None:
         start = time.perf_counter()
@@ -170,10 +186,8 @@ class Stage:
             out = self.module(*inputs)
             outs = out if isinstance(out, tuple) else (out,)
             work.wait()  # the outputs are complete when handed on; stage time includes kernels
-        except torch.OutOfMemoryError as exc:
-            batch.error = OutOfMemory(f"stage {self.index} on {self.device_name}: {exc}")
-        except Exception as exc:
-            batch.error = BatchFailed(f"stage {self.index} raised {type(exc).__name__}: {exc}")
+        except Exception as exc:  # only the message is kept: the traceback holds the tensors
+            batch.error = self._classified(exc)
         if batch.error is not None:
             _drain(work)
         del sources
@@ -184,6 +198,17 @@ class Stage:
             batch.finish(batch)
             return
         self.next.inbox.put(batch)
+
+    def _classified(self, exc: Exception) -> EvenflowError:
+        """What a stage raised, as the balancer's error: a sticky CUDA error (a device-side
+        assert) is ``DeviceLost``, so the replica leaves routing (and a worker process is
+        restarted) instead of failing every later batch; out of memory is ``OutOfMemory``
+        however torch wrapped it (a traced stage's comes as the TorchScript interpreter's
+        ``RuntimeError``), so the batch is split; anything else fails this batch only."""
+        error = classify_device_error(exc, device=f"{self.device_name} (stage {self.index})")
+        if type(error) is BatchFailed and error is not exc:
+            return BatchFailed(f"stage {self.index} raised {type(exc).__name__}: {exc}")
+        return error
 
     def stop(self) -> None:
         """Stop this stage and, after the micro-batches ahead of it, every later one."""

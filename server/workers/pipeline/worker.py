@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from evenflow.balancer.errors import BatchFailed, ShuttingDown, WorkerLost
+from evenflow.balancer.errors import ShuttingDown, WorkerLost
 from evenflow.balancer.job import BatchResult, BatchTiming, Job, WorkerStatus
 from evenflow.balancer.partition import (
     StagePlan,
@@ -28,6 +28,7 @@ from evenflow.balancer.partition import (
 )
 from evenflow.server.edge.event_loop import cancel_and_wait
 from evenflow.server.models.spec import ModelDefinition
+from evenflow.server.workers.device_errors import classify_device_error
 from evenflow.server.workers.devices import DeviceSpec
 from evenflow.server.workers.pipeline.layers import (
     layer_costs_s,
@@ -53,10 +54,13 @@ def _torch_device(device: DeviceSpec) -> torch.device:
 class PipelineWorker:
     """Stages on ``devices`` (stage i on device i), cut by the exact partitioner from each
     layer's cost on each device (``sim_profile`` of sim layers, else measured at
-    ``profile_batch`` on that device, in ``dtype``), within each device's free memory.
+    ``profile_batch`` on that device, in that stage's dtype), within each device's free memory.
 
     Each stage runs its layers placed on its own device and dtype (``layers.placed``): the
-    definition's module is never moved, so other replicas built from it keep theirs.
+    definition's module is never moved, so other replicas built from it keep theirs. ``dtype``
+    is one for every stage, or one per stage (the thread host gives CUDA stages ``--dtype`` and
+    CPU stages float32, as it does single-device replicas); each stage casts the floating
+    activations it receives to its own dtype (``Stage``).
 
     Re-balancing: every batch reports each stage's time. When the stages' times drift from the
     plan's proportions (a device slowed down), the device speeds implied by the measurements
@@ -67,24 +71,32 @@ class PipelineWorker:
 
     def __init__(self, *, model_name: str, definition: ModelDefinition,
                  devices: Sequence[DeviceSpec], cpu_threads: int = 1,
-                 dtype: torch.dtype = torch.float32, partition: str = "optimal",
+                 dtype: torch.dtype | Sequence[torch.dtype] = torch.float32,
+                 partition: str = "optimal",
                  repartition: bool = True, profile_batch: int = 8) -> None:
         self._definition = definition
         self._devices = list(devices)
         self._torch_devices = [_torch_device(d) for d in devices]
-        self._dtype = dtype
+        self._dtypes = [dtype] * len(devices) if isinstance(dtype, torch.dtype) else list(dtype)
+        if len(self._dtypes) != len(devices):
+            raise ValueError(f"{model_name}: {len(self._dtypes)} dtypes for {len(devices)} stages")
         self._partition = partition
         self._repartition_enabled = repartition and partition == "optimal"
         self._layers = split_into_layers(definition.module)  # the definition's: never moved
         if len(self._layers) < len(devices):
             raise ValueError(f"{model_name}: {len(self._layers)} layers cannot fill "
                              f"{len(devices)} stages")
-        measured = layer_costs_s(definition, self._layers, self._torch_devices, dtype,
+        measured = layer_costs_s(definition, self._layers, self._torch_devices, self._dtypes,
                                  profile_batch)
         # A sim device is the CPU running slower (its sleeps scale by its speed); others: 1.
         self.stage_layer_costs_s = [[cost / d.speed for cost in row]
                                     for row, d in zip(measured, devices, strict=True)]
-        self._layer_memory = [layer_memory_bytes(layer, dtype) for layer in self._layers]
+        # One size per layer, whichever stage holds it: counted in the dtype of the stages whose
+        # memory is bounded (every CUDA stage gets the same one); a CPU stage's is unbounded.
+        memory_dtype = next((dt for dt, device in zip(self._dtypes, self._torch_devices,
+                                                      strict=True) if device.type == "cuda"),
+                            self._dtypes[0])
+        self._layer_memory = [layer_memory_bytes(layer, memory_dtype) for layer in self._layers]
         self._name = f"{model_name}@{'+'.join(d.name for d in devices)}"
         # Each device's speed relative to when it was profiled, re-estimated on drift.
         self._speeds = [1.0] * len(devices)
@@ -94,7 +106,7 @@ class PipelineWorker:
         modules = self._stage_modules(self._placements)
         self._stages = [
             Stage(index=i, device=self._torch_devices[i], device_name=d.name, speed=d.speed,
-                  module=modules[i], cpu_threads=cpu_threads,
+                  module=modules[i], cpu_threads=cpu_threads, dtype=self._dtypes[i],
                   inbox_size=self._max_in_flight if i == 0 else 2)
             for i, d in enumerate(devices)]
         for stage, following in zip(self._stages, self._stages[1:], strict=False):
@@ -171,7 +183,7 @@ class PipelineWorker:
                 kept = next((old[j] for k, old in enumerate(previous)
                              if j in old and self._torch_devices[k] == device), None)
                 here[j] = kept if kept is not None else placed(self._layers[j], device,
-                                                               self._dtype)
+                                                               self._dtypes[i])
             placements.append(here)
         return placements
 
@@ -184,16 +196,18 @@ class PipelineWorker:
         if not self._definition.traceable:
             return eager
         examples = [example_inputs(self._definition.inputs, batch, self._torch_devices[0],
-                                   self._dtype) for batch in (2, 3)]
+                                   self._dtypes[0]) for batch in (2, 3)]
         if examples[0] is None or examples[1] is None:
             return eager
         traced_example: tuple[torch.Tensor, ...] = tuple(examples[0])
         check_example: tuple[torch.Tensor, ...] = tuple(examples[1])
         modules = []
         with torch.inference_mode(False), torch.no_grad():
-            for i, (module, device) in enumerate(zip(eager, self._torch_devices, strict=True)):
-                traced_example = tuple(t.to(device) for t in traced_example)
-                check_example = tuple(t.to(device) for t in check_example)
+            for i, (module, device, dtype) in enumerate(zip(eager, self._torch_devices,
+                                                            self._dtypes, strict=True)):
+                # What the stage receives: on its device, floats in its dtype (Stage._receive).
+                traced_example = tuple(_received(t, device, dtype) for t in traced_example)
+                check_example = tuple(_received(t, device, dtype) for t in check_example)
                 modules.append(trace_checked(module, traced_example, check_example,
                                              name=f"{self._name}:{i}"))
                 traced_example = _as_tuple(module(*traced_example))
@@ -208,12 +222,12 @@ class PipelineWorker:
         # What the last stage delivers: per-job outputs, the stages' times, the copy-out time.
         future: asyncio.Future[tuple[list[Any], list[float], float]] = loop.create_future()
         specs = self._definition
-        first = self._stages[0]
+        first, last = self._stages[0], self._stages[-1]
         prepared_s: list[float] = []
 
         def prepare() -> tuple[torch.Tensor, ...]:
             start = time.perf_counter()
-            inputs = tuple(batch_inputs(jobs, specs.inputs, first.device, self._dtype))
+            inputs = tuple(batch_inputs(jobs, specs.inputs, first.device, self._dtypes[0]))
             prepared_s.append(time.perf_counter() - start)
             return inputs
 
@@ -225,7 +239,9 @@ class PipelineWorker:
                 try:
                     per_job = outputs_per_job(batch.activations, specs.outputs, jobs)
                 except Exception as exc:
-                    outcome = BatchFailed(f"{type(exc).__name__}: {exc}")
+                    # The copy out is where an asynchronous CUDA error (a device-side assert
+                    # in the last stage's kernels) may surface: classified like a stage's.
+                    outcome = classify_device_error(exc, device=last.device_name)
                 else:
                     outcome = (per_job, list(batch.stage_s), time.perf_counter() - start)
             with contextlib.suppress(RuntimeError):  # the loop closed while the batch ran
@@ -324,6 +340,11 @@ class PipelineWorker:
         self._stages[0].stop()  # the stop travels down the pipeline behind the work
         for stage in self._stages:
             await asyncio.to_thread(stage.join)
+
+
+def _received(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    tensor = tensor.to(device)
+    return tensor.to(dtype) if tensor.is_floating_point() else tensor
 
 
 def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
