@@ -119,6 +119,11 @@ def perf_analyzer_binary() -> str:
     raise SystemExit("perf_analyzer not found: run ./scripts/setup.sh --perf-analyzer")
 
 
+class UnstableMeasurement(RuntimeError):
+    """perf_analyzer found no window stable enough within its trials (a shared machine): no
+    figure, but no failure of the server either, unlike any other ``RuntimeError`` here."""
+
+
 @dataclass
 class PerfPoint:
     concurrency: int
@@ -185,7 +190,10 @@ def _perf_analyzer_point(url: str, model: str, load: tuple[str, ...], concurrenc
                        + after.children_system - before.children_system)
     stable = run.returncode == 0 and "unstable" not in run.stdout.lower()
     if not csv_path.exists():
-        raise RuntimeError(f"perf_analyzer failed:\n{run.stdout[-2000:]}\n{run.stderr[-2000:]}")
+        said = f"{run.stdout[-2000:]}\n{run.stderr[-2000:]}"
+        if "Failed to obtain stable measurement" in run.stdout + run.stderr:
+            raise UnstableMeasurement(f"perf_analyzer found no stable window:\n{said}")
+        raise RuntimeError(f"perf_analyzer failed:\n{said}")
     with csv_path.open() as f:
         row = next(csv.DictReader(f))
     return PerfPoint(concurrency, float(row["Inferences/Second"]),

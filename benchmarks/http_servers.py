@@ -46,6 +46,7 @@ from benchmarks.harness import (
     PerfPoint,
     Protocol,
     Server,
+    UnstableMeasurement,
     median,
     perf_analyzer,
     start,
@@ -406,7 +407,7 @@ def run_benchmark(args: argparse.Namespace) -> None:
             try:
                 sample = measure(server, concurrency, args.out, args.window_ms, extra,
                                  "grpc" if label == ECHO else "http")
-            except RuntimeError:  # no window stable enough for a figure: the machine is shared
+            except UnstableMeasurement:  # no figure, the machine is shared; a failure raises
                 failed.append(f"{label} c={concurrency}")
                 print(f"  {label:18s} c={concurrency:<3d} no stable measurement "
                       f"(load {loads[-1]}); left out", flush=True)

@@ -65,6 +65,7 @@ from benchmarks.harness import (
     STREAM,
     PerfPoint,
     Server,
+    UnstableMeasurement,
     evenflow_argv,
     median,
     perf_analyzer,
@@ -318,7 +319,7 @@ def _point(series: Series, servers: dict[str, Server], ts_url: str, concurrency:
            input_data: Path, args: argparse.Namespace) -> PerfPoint | None:
     try:
         return measure(series, servers, ts_url, concurrency, input_data, args)
-    except RuntimeError as error:  # no stable window in -r trials: left out, the run goes on
+    except UnstableMeasurement as error:  # no stable window in -r trials: left out, goes on
         print(f"  {series.label} c={concurrency}: {str(error).splitlines()[-1]}", flush=True)
         return None
 

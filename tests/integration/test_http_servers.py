@@ -28,8 +28,12 @@ def test_uvicorn_candidate_serves_perf_analyzer_over_http(tmp_path: Path) -> Non
          "--out", str(tmp_path)],
         cwd=REPO, capture_output=True, text=True, timeout=50, check=False)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    rows = json.loads((tmp_path / "http_servers.json").read_text())["rows"]
-    assert {row["server"] for row in rows} == {"uvicorn", "uvicorn+json-in"}
+    report = json.loads((tmp_path / "http_servers.json").read_text())
+    rows = report["rows"]
+    # A point perf_analyzer found no stable window for (a loaded machine) is left out and
+    # named; any other failure of perf_analyzer fails the run above.
+    left_out = {point.split(" c=")[0] for point in report["failed_points"]}
+    assert {row["server"] for row in rows} | left_out == {"uvicorn", "uvicorn+json-in"}
     for row in rows:
         assert row["infer_per_s"] > 0
         assert row["cpu_per_request_us"] > 0
