@@ -53,11 +53,6 @@ async def _fill(balancer: ModelBalancer, fake_time: FakeTime) -> tuple[list[floa
 
 
 @pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
 async def make_gated(fake_time: FakeTime
                      ) -> AsyncIterator[Callable[..., tuple[ModelBalancer, FakeWorker]]]:
     factory = BalancerFactory(fake_time)

@@ -37,18 +37,6 @@ pytestmark = pytest.mark.timeout(10)
 MAX_WAIT_S = BalancerConfig().max_wait_s  # the server's: a forming batch waits this long
 
 
-@pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
-async def make_balancer(fake_time: FakeTime) -> AsyncIterator[BalancerFactory]:
-    factory = BalancerFactory(fake_time)
-    yield factory
-    await factory.close()
-
-
 async def test_batches_form_up_to_batch_size_while_the_worker_is_busy(
         make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
     worker = FakeWorker("w", gated=True)

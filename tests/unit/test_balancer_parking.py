@@ -65,11 +65,6 @@ class Asker:
 
 
 @pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
 async def make(fake_time: FakeTime) -> AsyncIterator[Make]:
     """Started balancers on ``fake_time`` (``BalancerFactory`` takes no ``on_no_replica``),
     closed at teardown with every worker they own closed."""

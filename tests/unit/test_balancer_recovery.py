@@ -10,7 +10,7 @@ Fake workers gate each batch and ``FakeTime`` moves only when the test says so; 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,18 +33,6 @@ from tests.fakes import FakeWorker
 from tests.unit.balancer_fakes import BalancerFactory, FakeTime, release_all, seed_fit, settle
 
 pytestmark = pytest.mark.timeout(10)
-
-
-@pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
-async def make_balancer(fake_time: FakeTime) -> AsyncIterator[BalancerFactory]:
-    factory = BalancerFactory(fake_time)
-    yield factory
-    await factory.close()
 
 
 async def served(factory: BalancerFactory, *futures: asyncio.Future[Any]) -> None:

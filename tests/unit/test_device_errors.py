@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from evenflow.server.models.spec import ModelDefinition, TensorSpec
 from evenflow.server.processes.ipc.errors import from_wire, to_wire
 from evenflow.server.workers.device_errors import classify_device_error
 from tests.fakes import FakeWorker
-from tests.unit.balancer_fakes import BalancerFactory, FakeTime, answered, settle
+from tests.unit.balancer_fakes import BalancerFactory, answered, settle
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -104,13 +103,6 @@ def test_an_evenflow_error_passes_through() -> None:
 def test_device_lost_crosses_a_process_boundary_as_itself() -> None:
     error = from_wire(to_wire(DeviceLost("device lost on cuda:0")))
     assert type(error) is DeviceLost and str(error) == "device lost on cuda:0"
-
-
-@pytest.fixture
-async def make_balancer() -> AsyncIterator[BalancerFactory]:
-    factory = BalancerFactory(FakeTime())
-    yield factory
-    await factory.close()
 
 
 class ProcessLikeWorker(FakeWorker):

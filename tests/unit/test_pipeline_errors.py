@@ -5,19 +5,17 @@ that batch. CUDA's errors are raised by the test, so this runs without a GPU."""
 
 from __future__ import annotations
 
-import asyncio
-import math
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from evenflow.balancer import BatchFailed, Job
+from evenflow.balancer import BatchFailed
 from evenflow.balancer.errors import DeviceLost, EvenflowError, OutOfMemory
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
 from evenflow.server.workers.devices import parse_devices
 from evenflow.server.workers.pipeline.worker import PipelineWorker
+from tests.unit.test_torch_worker_errors import error_of_one_batch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -66,14 +64,7 @@ async def outcome(arm: Any) -> EvenflowError:
     worker = PipelineWorker(model_name="p", definition=definition,
                             devices=parse_devices("cpu:0,cpu:1"))
     arm(fails)
-    x = np.ones((2, 4), dtype=np.float32)
-    job = Job([x], 2, 0.0, math.inf, asyncio.get_running_loop().create_future())
-    try:
-        with pytest.raises(EvenflowError) as info:
-            await worker.run([job])
-    finally:
-        await worker.close()
-    return info.value
+    return await error_of_one_batch(worker)
 
 
 def raising(error: Exception) -> Any:

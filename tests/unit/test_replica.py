@@ -54,11 +54,6 @@ class RecordingOwner:
 
 
 @pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
 async def make_replica(fake_time: FakeTime
                        ) -> AsyncIterator[Callable[..., Replica]]:
     made: list[Replica] = []

@@ -45,11 +45,6 @@ class RenewingWorker(FakeWorker):
 
 
 @pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
-
-
-@pytest.fixture
 async def make_replica(fake_time: FakeTime) -> AsyncIterator[Callable[[FakeWorker], Replica]]:
     """Started replicas without an owner; at teardown each is stopped with its gates opened,
     and its loop must be gone."""

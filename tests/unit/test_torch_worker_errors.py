@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from evenflow.balancer import BatchFailed, Job
+from evenflow.balancer import BatchFailed, Job, Worker
 from evenflow.balancer.errors import DeviceLost, EvenflowError
 from evenflow.server.models.spec import ModelDefinition, TensorSpec
 from evenflow.server.workers.devices import DeviceSpec
@@ -33,8 +33,12 @@ class Raises(torch.nn.Module):
 async def run_once(error: Exception | None) -> BaseException:
     definition = ModelDefinition(module=Raises(error), inputs=[TensorSpec("x", "FP32", (-1, 4))],
                                  outputs=[TensorSpec("y", "FP32", (-1, 4))], traceable=False)
-    worker = TorchWorker(model_name="raises", definition=definition,
-                         device=DeviceSpec("cpu", 0, "cpu:0"))
+    return await error_of_one_batch(TorchWorker(model_name="raises", definition=definition,
+                                                device=DeviceSpec("cpu", 0, "cpu:0")))
+
+
+async def error_of_one_batch(worker: Worker) -> EvenflowError:
+    """What ``worker`` raises running one batch of two rows of ``[-1, 4]``; it is closed."""
     x = np.ones((2, 4), dtype=np.float32)
     job = Job([x], 2, 0.0, math.inf, asyncio.get_running_loop().create_future())
     try:

@@ -92,9 +92,9 @@ async def test_out_of_memory_frees_the_batch_and_carries_only_the_message(where:
     assert [ref() for ref in module.seen] == [None, None]  # input and activation are freed
 
 
-async def test_the_balancer_splits_a_batch_whose_copy_out_runs_out_of_memory() -> None:
-    module = Recording(lambda batch: "copy-out" if batch > 2 else "")
-    worker = worker_for(module)
+async def assert_eight_rows_answered_in_batches_of_two(worker: TorchWorker) -> None:
+    """Eight one-row requests queued at once to a worker whose batches over two rows run out
+    of memory: the balancer splits its way down, every row is answered right, the cap drops."""
     config = BalancerConfig(adaptive_batching=False, max_batch=8, max_wait_s=0.0)
     balancer = ModelBalancer(model_name="oom", workers=[worker], config=config,
                              rng=random.Random(0))
@@ -109,6 +109,12 @@ async def test_the_balancer_splits_a_batch_whose_copy_out_runs_out_of_memory() -
     for x, answer in zip(rows, answers, strict=True):
         np.testing.assert_array_equal(answer[0], x * 2.0)
     assert balancer.replicas[0].controller.cap <= 2
+
+
+async def test_the_balancer_splits_a_batch_whose_copy_out_runs_out_of_memory() -> None:
+    module = Recording(lambda batch: "copy-out" if batch > 2 else "")
+    worker = worker_for(module)
+    await assert_eight_rows_answered_in_batches_of_two(worker)
 
 
 class OutOfMemoryPastTwoRows(torch.nn.Module):
@@ -131,20 +137,7 @@ async def test_the_balancer_splits_a_batch_a_torchscript_model_runs_out_of_memor
                                  outputs=[TensorSpec("y", "FP32", (-1, 4))])
     worker = TorchWorker(model_name="scripted", definition=definition,
                          device=DeviceSpec("cpu", 0, "cpu:0"))
-    config = BalancerConfig(adaptive_batching=False, max_batch=8, max_wait_s=0.0)
-    balancer = ModelBalancer(model_name="scripted", workers=[worker], config=config,
-                             rng=random.Random(0))
-    rows = [np.full((1, 4), float(i), dtype=np.float32) for i in range(8)]
-    balancer.start()
-    futures = [balancer.submit([x], 1) for x in rows]  # all queued before the replica runs
-    try:
-        answers = await asyncio.gather(*futures)
-    finally:
-        await balancer.close()
-        await worker.close()
-    for x, answer in zip(rows, answers, strict=True):
-        np.testing.assert_array_equal(answer[0], x * 2.0)
-    assert balancer.replicas[0].controller.cap <= 2
+    await assert_eight_rows_answered_in_batches_of_two(worker)
 
 
 class FakeCuda:
