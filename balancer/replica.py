@@ -151,8 +151,8 @@ class Replica:
         self._close_early = False
         self._watchdog_s = config.watchdog_s
         self._watchdog_floor_s = min(config.watchdog_floor_s, config.watchdog_s)
-        self._healthy = True
-        self._routed = asyncio.Event()  # set while in routing: the loop takes batches only then
+        # Set while in routing (``healthy``): the loop takes batches only then.
+        self._routed = asyncio.Event()
         self._routed.set()
         self._leaving = False  # out of routing for good (``leave_routing``): never restored
         self._losses = 0  # times its worker was lost, so a batch can tell it was lost meanwhile
@@ -174,7 +174,7 @@ class Replica:
     @property
     def healthy(self) -> bool:
         """In routing (False while a lost worker restarts, and for good on a lost device)."""
-        return self._healthy
+        return self._routed.is_set()
 
     @property
     def controller(self) -> BatchSizeController:
@@ -278,7 +278,6 @@ class Replica:
         self._out_of_routing()
 
     def _out_of_routing(self) -> None:
-        self._healthy = False
         self._routed.clear()
         if not self._running_requests:
             # It holds nothing now: its own queue goes to the balancer, a shared one is for
@@ -335,7 +334,7 @@ class Replica:
             running_requests=self._running_requests,
             batch_size_counts=dict(self.stats.batch_size_counts),
             stages=status.stages, num_repartitions=status.num_repartitions,
-            healthy=self._healthy, restarts=self.restarts, location=status.location,
+            healthy=self.healthy, restarts=self.restarts, location=status.location,
             unusable_reason=self.unusable_reason)
 
     async def _run(self) -> None:
@@ -363,7 +362,7 @@ class Replica:
     async def _next_batch(self) -> list[Job]:
         queue, owner, stealer = self._queue, self._owner, self._stealer
         while True:
-            if not self._healthy:
+            if not self._routed.is_set():
                 # Out of routing (restarting, leaving, or out for good): take nothing until back
                 # in routing. A shared queue would still feed this loop, and its jobs would be
                 # lost with the worker again, or keep a leaving replica from ever leaving.
@@ -392,7 +391,7 @@ class Replica:
             if queue.num_samples >= size or wait_s <= 0.0 or self._close_early or alone:
                 self.forming = self._close_early = False
                 if await self._take_turn():
-                    if not self._healthy:  # it left routing while it waited for the turn
+                    if not self._routed.is_set():  # it left routing while it waited its turn
                         self._end_turn()
                         continue
                     # The device may have been another model's until now: more may have
@@ -477,7 +476,7 @@ class Replica:
             self._running_requests -= len(jobs)
             if not self._running_requests:
                 self._running_since_s = None
-                if not len(self._queue) or not self._healthy:
+                if not len(self._queue) or not self._routed.is_set():
                     self._quiet.set()
         self._answer(jobs, num_samples, start_s, result)
 
@@ -532,7 +531,7 @@ class Replica:
     def _lost_since(self, losses: int) -> bool:
         """Whether the worker was lost since ``_losses`` was ``losses`` and is out of routing
         still (restarting, or out for good)."""
-        return self._losses != losses and not self._healthy
+        return self._losses != losses and not self._routed.is_set()
 
     def _hand_over(self, jobs: list[Job]) -> None:
         """Jobs of a batch that was running when the worker was lost, not run since: to the
@@ -604,7 +603,6 @@ class Replica:
                     logger.warning("%s: worker restarted; staying out of routing", self.name)
                     return
                 logger.warning("%s: worker restarted; back in routing", self.name)
-                self._healthy = True
                 self._routed.set()
                 if self._owner is not None:
                     self._owner.restored(self)

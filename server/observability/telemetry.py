@@ -299,8 +299,7 @@ class NvmlSampler:
         self._task = None
         thread, self._thread = self._thread, None
         if thread is None:
-            with contextlib.suppress(Exception):
-                self._nvml.nvmlShutdown()
+            self._shutdown()
             return
         shutdown = thread.submit(self._shutdown)  # after the sample in progress, never during
         thread.stop()

@@ -189,7 +189,7 @@ class RestApi:
             logger.exception("HTTP %s %s failed inside the server", method, scope["path"][:200])
             reply = error_reply(500, "internal server error; see the server log",
                                 [status_header("INTERNAL")])
-        await send_reply(tracked, reply, headers, head_only=method == "HEAD")
+        await send_reply(send, reply, headers, head_only=method == "HEAD")
 
     def _authorize(self, route: Route, headers: Mapping[bytes, bytes]) -> None:
         if not self._guarded or route.kind in _OPEN:
