@@ -112,6 +112,14 @@ def _drain(work: WorkQueue) -> None:
         logger.debug("waiting for a failed batch's work raised", exc_info=True)
 
 
+def in_stage_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An activation in a stage's dtype: the stage before may compute in another (a float32
+    CPU stage before a bfloat16 GPU stage), and a layer fed another dtype than its weights'
+    fails or silently computes in the wider one. Floats only: ids and masks keep theirs."""
+    if not tensor.is_floating_point() or tensor.dtype == dtype:
+        return tensor
+    return tensor.to(dtype)
+
 class Stage:
     """Runs ``module`` on ``device`` in its own thread, with its own work queue (a CUDA stream).
 
@@ -166,12 +174,7 @@ class Stage:
                      if isinstance(t, torch.Tensor) else t for t in sources)
 
     def _cast(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A received activation in this stage's dtype: the stage before may compute in
-        another (a float32 CPU stage before a bfloat16 GPU stage), and a layer fed another
-        dtype than its weights' fails or silently computes in the wider one."""
-        if self.dtype is None or not tensor.is_floating_point() or tensor.dtype == self.dtype:
-            return tensor
-        return tensor.to(self.dtype)
+        return tensor if self.dtype is None else in_stage_dtype(tensor, self.dtype)
 
     def _process(self, batch: MicroBatch, work: WorkQueue) -> None:
         start = time.perf_counter()

@@ -36,7 +36,7 @@ from evenflow.server.workers.pipeline.layers import (
     placed,
     split_into_layers,
 )
-from evenflow.server.workers.pipeline.stage import MicroBatch, Stage
+from evenflow.server.workers.pipeline.stage import MicroBatch, Stage, in_stage_dtype
 from evenflow.server.workers.tensors import batch_inputs, outputs_per_job
 from evenflow.server.workers.tracing import example_inputs, trace_checked
 
@@ -343,8 +343,7 @@ class PipelineWorker:
 
 
 def _received(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    tensor = tensor.to(device)
-    return tensor.to(dtype) if tensor.is_floating_point() else tensor
+    return in_stage_dtype(tensor.to(device), dtype)
 
 
 def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
