@@ -13,7 +13,7 @@ import numpy as np
 from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import AsyncGrpcTransport
 from evenflow.client._http_aio import AsyncHttpTransport
-from evenflow.client._retry import Resend, Retries, any_unavailable, not_delivered
+from evenflow.client._retry import Retries, not_delivered
 from evenflow.client._transport import AsyncTransport
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
@@ -36,9 +36,10 @@ class AsyncClient:
     Calls that fail with UNAVAILABLE (no connection, or a server that cannot serve now) are
     retried up to ``retries`` times with exponential backoff from ``retry_backoff_s``, while
     the deadline lasts; every other failure raises an ``InferenceServerError`` subclass at
-    once. Over HTTP an ``infer`` is retried only when the server cannot have run it (no
-    connection was made, or the server answered UNAVAILABLE); a connection lost after the
-    request was sent is raised, not retried. Over HTTP the pool keeps
+    once. An ``infer`` is retried only when the server cannot have run it (no connection was
+    made, or the server answered UNAVAILABLE itself: over gRPC, evenflow marks its own; a
+    Triton server's is not retried); a connection lost after the request was sent is raised,
+    not retried. Over HTTP the pool keeps
     ``options.max_connections`` connections alive; waiting for a free one counts against
     ``timeout_s``.
     """
@@ -52,9 +53,6 @@ class AsyncClient:
         self.protocol, self._transport = open_transport(
             url, protocol, credentials, options, AsyncHttpTransport, AsyncGrpcTransport)
         self._retries = Retries(retries, retry_backoff_s)
-        # Over HTTP an infer is resent only where the server cannot have run it (``_retry``).
-        self._resend_infer: Resend = (any_unavailable if self.protocol == "grpc"
-                                      else not_delivered)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -95,7 +93,7 @@ class AsyncClient:
                                               left_s)
             return await self._transport.infer(model, request, left_s)
 
-        return await self._retries.acall(attempt, timeout_s, self._resend_infer)
+        return await self._retries.acall(attempt, timeout_s, not_delivered)
 
     def stream_infer(self, model: str, inputs: AsyncIterable[Inputs] | Iterable[Inputs], *,
                      outputs: Sequence[str] | None = None,

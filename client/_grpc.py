@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -13,11 +14,33 @@ import numpy as np
 
 from evenflow.client import _codec as codec
 from evenflow.client._fanout import each_input
+from evenflow.client._retry import not_run
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials, aio_channel, sync_channel
-from evenflow.client.errors import from_rpc_error
+from evenflow.client.errors import InferenceServerError, from_rpc_error
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
+from evenflow.proto import metadata
+
+# grpc-core's words for a call that failed before it left the client: no address answered, or
+# the name did not resolve. Nothing was sent, so sending again cannot run the request twice.
+_NOT_SENT = re.compile(r"^(failed to connect to all addresses|DNS resolution failed|"
+                       r"empty address list)")
+
+
+def _error(exc: grpc.RpcError) -> InferenceServerError:
+    """The client's error for a failed call; an UNAVAILABLE the server cannot have run (never
+    sent, or marked by evenflow's server as its own refusal) is marked ``not_run``."""
+    error = from_rpc_error(exc)
+    if error.code is grpc.StatusCode.UNAVAILABLE and (
+            _NOT_SENT.match(error.details) or _marked_may_resend(exc)):
+        not_run(error)
+    return error
+
+
+def _marked_may_resend(exc: grpc.RpcError) -> bool:
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return any(key == metadata.MAY_RESEND for key, _ in trailing or ())
 
 
 class _RequestFailure:
@@ -67,7 +90,7 @@ class GrpcTransport:
         try:
             return method(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise from_rpc_error(exc) from exc
+            raise _error(exc) from exc
 
     def prepare(self, model: str, inputs: Inputs, outputs: Sequence[str] | None,
                 request_id: str | None, priority: int | None,
@@ -112,7 +135,7 @@ class GrpcTransport:
                 yield codec.parse_stream_response(response)
         except grpc.RpcError as exc:
             failure.raise_if_failed()
-            raise from_rpc_error(exc) from exc
+            raise _error(exc) from exc
         finally:
             call.cancel()
         # Failing before ``attach`` ended the requests (a half-close) before the cancel, so the
@@ -134,7 +157,7 @@ class AsyncGrpcTransport:
         try:
             return await method(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc) from exc
+            raise _error(exc) from exc
 
     def prepare(self, model: str, inputs: Inputs, outputs: Sequence[str] | None,
                 request_id: str | None, priority: int | None,
@@ -187,7 +210,7 @@ class AsyncGrpcTransport:
                 yield codec.parse_stream_response(response)
         except grpc.aio.AioRpcError as exc:
             failure.raise_if_failed()
-            raise from_rpc_error(exc) from exc
+            raise _error(exc) from exc
         except asyncio.CancelledError:
             # A call we cancelled raises a bare CancelledError from its read: raise what made
             # us cancel it instead, unless the caller's task is itself being cancelled.

@@ -16,7 +16,7 @@ from urllib3.connectionpool import HTTPConnectionPool, connection_from_url
 from evenflow.client import _rest_codec as rest
 from evenflow.client._fanout import fan_out
 from evenflow.client._http_answer import Answer, health, too_large
-from evenflow.client._retry import unsent
+from evenflow.client._retry import not_run
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
 from evenflow.client.errors import InferenceServerError, error_for
@@ -48,11 +48,11 @@ class HttpTransport:
     def _failures(self, timeout_s: float | None) -> Iterator[None]:
         """urllib3's errors as the gRPC path's (its NewConnectionError is a TimeoutError
         too: a refused connection is not a deadline). Only a connection never made is
-        ``unsent``: any other failure may come after the server read the request."""
+        ``not_run``: any other failure may come after the server read the request."""
         try:
             yield
         except urllib3.exceptions.NewConnectionError as exc:
-            raise unsent(self._unavailable(exc)) from exc
+            raise not_run(self._unavailable(exc)) from exc
         except urllib3.exceptions.TimeoutError as exc:
             raise self._deadline(timeout_s) from exc
         except urllib3.exceptions.EmptyPoolError as exc:

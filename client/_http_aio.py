@@ -14,7 +14,7 @@ import numpy as np
 from evenflow.client import _rest_codec as rest
 from evenflow.client._fanout import fan_out_async
 from evenflow.client._http_answer import Answer, health, too_large
-from evenflow.client._retry import unsent
+from evenflow.client._retry import not_run
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
 from evenflow.client.errors import error_for
@@ -68,7 +68,7 @@ class AsyncHttpTransport:
                             f"no answer from {self._base_url} within {timeout_s} s") from exc
         except aiohttp.ClientConnectorError as exc:
             # No connection was made, so nothing was sent: safe to send again (``_retry``).
-            raise unsent(error_for(grpc.StatusCode.UNAVAILABLE,
+            raise not_run(error_for(grpc.StatusCode.UNAVAILABLE,
                                    f"cannot reach {self._base_url}: {exc}")) from exc
         except aiohttp.ClientError as exc:  # may come after the server read the request
             raise error_for(grpc.StatusCode.UNAVAILABLE,

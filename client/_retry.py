@@ -8,14 +8,14 @@ backoff that would end past the deadline ends the retries with the last UNAVAILA
 other failure is raised at once; refusals (RESOURCE_EXHAUSTED) are not retried: the server
 measured that it cannot answer in time.
 
-An infer request is not idempotent, so over HTTP it is sent again only where the server cannot
-have started it: the connection was never made (refused, no route, a name that does not
-resolve: ``unsent``), or the server answered UNAVAILABLE itself (a draining server, a 503 that
-is no refusal). A connection lost after the request went out (reset, or closed before the
-answer) is raised at once, not retried: the server may have run the request. Over gRPC every
-UNAVAILABLE is retried (gRPC's status for a channel that could not connect and for a server
-that cannot serve now). Health, readiness and metadata calls only read, and are retried on any
-UNAVAILABLE."""
+An infer request is not idempotent (a second run costs the server a second batch share), so it
+is sent again only where the server cannot have run it (``not_run``): the connection was never
+made (refused, no route, a name that does not resolve), or the server answered UNAVAILABLE
+itself (over HTTP any 503 that is no refusal; over gRPC one that carries evenflow's
+``proto/metadata.MAY_RESEND``: gRPC says UNAVAILABLE for a lost connection too). A connection
+lost after the request went out (reset, closed before the answer) is raised at once, not
+retried: the server may have run the request. Health, readiness and metadata calls only read,
+and are retried on any UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -34,27 +34,28 @@ E = TypeVar("E", bound=InferenceServerError)
 # Resend: whether a call that failed with this UNAVAILABLE may be sent again.
 Resend = Callable[[ServerUnavailableError], bool]
 
-# The errors a transport raised before its request left the client. A weak set, not an
-# attribute: the exception stays the public class as it is, and is forgotten with it.
-_UNSENT: weakref.WeakSet[InferenceServerError] = weakref.WeakSet()
+# The errors after which the server cannot have run the request. A weak set, not an attribute:
+# the exception stays the public class as it is, and is forgotten with it.
+_NOT_RUN: weakref.WeakSet[InferenceServerError] = weakref.WeakSet()
 
 
-def unsent(error: E) -> E:
-    """``error``, marked as raised before the request was sent (no connection was made), so
-    that sending the request again cannot run it twice."""
-    _UNSENT.add(error)
+def not_run(error: E) -> E:
+    """``error``, marked as one after which the server cannot have run the request (no
+    connection was made, or the server refused it itself), so that sending the request again
+    cannot run it twice."""
+    _NOT_RUN.add(error)
     return error
 
 
 def any_unavailable(error: ServerUnavailableError) -> bool:
-    """Reads, and gRPC's calls: every UNAVAILABLE is retried."""
+    """Reads: every UNAVAILABLE is retried."""
     return True
 
 
 def not_delivered(error: ServerUnavailableError) -> bool:
-    """An HTTP infer: retried only if it was never sent, or the server answered UNAVAILABLE
-    (an answer: ``http_status``) and so did not run it."""
-    return error.http_status is not None or error in _UNSENT
+    """An infer: retried only if the server cannot have run it: marked ``not_run``, or an HTTP
+    answer (``http_status``), which the server sends only for a request it did not run."""
+    return error.http_status is not None or error in _NOT_RUN
 
 
 class _Deadline:
@@ -65,10 +66,35 @@ class _Deadline:
     def left_s(self) -> float | None:
         return None if self._at_s is None else self._at_s - self._clock()
 
-    def lasts_past(self, wait_s: float) -> bool:
-        """Whether time is left after waiting ``wait_s``."""
-        left_s = self.left_s()
-        return left_s is None or left_s > wait_s
+
+class _Schedule:
+    """One call's attempts: the time each gets, and the wait before each retry."""
+
+    def __init__(self, retries: Retries, timeout_s: float | None) -> None:
+        self._deadline = _Deadline(timeout_s, retries.clock)
+        self.left_s = timeout_s  # the first attempt gets ``timeout_s`` itself
+        self._retries_left = retries.retries
+        self._wait_s = retries.backoff_s
+        self._last: ServerUnavailableError | None = None
+
+    def wait_s(self, error: ServerUnavailableError, resend: Resend) -> float:
+        """How long to wait before sending again after ``error``; raises ``error`` where it is
+        not sent again (no retries left, not ``resend``, or the wait outlasts the deadline)."""
+        left_s = self._deadline.left_s()
+        if (self._retries_left == 0 or not resend(error)
+                or (left_s is not None and left_s <= self._wait_s)):
+            raise error
+        self._retries_left -= 1
+        self._last = error
+        wait_s, self._wait_s = self._wait_s, self._wait_s * 2
+        return wait_s
+
+    def woke(self) -> None:
+        """After a wait: the next attempt's time; raises the last failure if the wait overslept
+        the deadline."""
+        self.left_s = self._deadline.left_s()
+        if self.left_s is not None and self.left_s <= 0 and self._last is not None:
+            raise self._last
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,42 +114,24 @@ class Retries:
     def call(self, attempt: Callable[[float | None], T], timeout_s: float | None,
              resend: Resend = any_unavailable) -> T:
         """``attempt(time left)`` until it answers, within ``timeout_s`` for all attempts
-        (None: no deadline). The first attempt gets ``timeout_s`` itself."""
-        deadline = _Deadline(timeout_s, self.clock)
-        left_s = timeout_s
-        delay_s = self.backoff_s
-        last: ServerUnavailableError  # the failure a retry follows
-        for remaining in range(self.retries, -1, -1):
+        (None: no deadline)."""
+        schedule = _Schedule(self, timeout_s)
+        while True:
             try:
-                return attempt(left_s)
+                return attempt(schedule.left_s)
             except ServerUnavailableError as exc:
-                if remaining == 0 or not resend(exc) or not deadline.lasts_past(delay_s):
-                    raise
-                last = exc
-            self.sleep(delay_s)
-            delay_s *= 2
-            left_s = deadline.left_s()
-            if left_s is not None and left_s <= 0:  # the backoff overslept the deadline
-                raise last
-        raise AssertionError("unreachable")
+                wait_s = schedule.wait_s(exc, resend)
+            self.sleep(wait_s)
+            schedule.woke()
 
     async def acall(self, attempt: Callable[[float | None], Awaitable[T]],
                     timeout_s: float | None, resend: Resend = any_unavailable) -> T:
         """``call`` for coroutines."""
-        deadline = _Deadline(timeout_s, self.clock)
-        left_s = timeout_s
-        delay_s = self.backoff_s
-        last: ServerUnavailableError  # the failure a retry follows
-        for remaining in range(self.retries, -1, -1):
+        schedule = _Schedule(self, timeout_s)
+        while True:
             try:
-                return await attempt(left_s)
+                return await attempt(schedule.left_s)
             except ServerUnavailableError as exc:
-                if remaining == 0 or not resend(exc) or not deadline.lasts_past(delay_s):
-                    raise
-                last = exc
-            await self.asleep(delay_s)
-            delay_s *= 2
-            left_s = deadline.left_s()
-            if left_s is not None and left_s <= 0:  # the backoff overslept the deadline
-                raise last
-        raise AssertionError("unreachable")
+                wait_s = schedule.wait_s(exc, resend)
+            await self.asleep(wait_s)
+            schedule.woke()

@@ -13,7 +13,7 @@ import numpy as np
 from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import GrpcTransport
 from evenflow.client._http import HttpTransport
-from evenflow.client._retry import Resend, Retries, any_unavailable, not_delivered
+from evenflow.client._retry import Retries, not_delivered
 from evenflow.client._transport import Transport
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
@@ -40,9 +40,6 @@ class Client:
         self.protocol, self._transport = open_transport(
             url, protocol, credentials, options, HttpTransport, GrpcTransport)
         self._retries = Retries(retries, retry_backoff_s)
-        # Over HTTP an infer is resent only where the server cannot have run it (``_retry``).
-        self._resend_infer: Resend = (any_unavailable if self.protocol == "grpc"
-                                      else not_delivered)
 
     def __enter__(self) -> Client:
         return self
@@ -82,7 +79,7 @@ class Client:
                                               left_s)
             return self._transport.infer(model, request, left_s)
 
-        return self._retries.call(attempt, timeout_s, self._resend_infer)
+        return self._retries.call(attempt, timeout_s, not_delivered)
 
     def stream_infer(self, model: str, inputs: Iterable[Inputs], *,
                      outputs: Sequence[str] | None = None,

@@ -74,14 +74,18 @@ class Aborted(Exception):
 
 class FakeContext:
     """The part of ``grpc.aio.ServicerContext`` a servicer uses: the time left before the call's
-    deadline, done callbacks (run by ``finish``, as grpc runs them once the status is sent), and
-    ``abort``, which records the status and raises ``Aborted``."""
+    deadline, done callbacks (run by ``finish``, as grpc runs them once the status is sent),
+    trailing metadata, and ``abort``, which records the status and raises ``Aborted``."""
 
     def __init__(self, time_remaining_s: float | None = None) -> None:
         self._time_remaining_s = time_remaining_s
         self.code: grpc.StatusCode | None = None
         self.details = ""
+        self.trailing_metadata: tuple[tuple[str, str], ...] = ()
         self._done_callbacks: list[Callable[[Any], None]] = []
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self.trailing_metadata = metadata
 
     def time_remaining(self) -> float | None:
         return self._time_remaining_s

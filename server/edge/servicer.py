@@ -30,7 +30,12 @@ from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.edge import codec, shapes
 from evenflow.server.edge.decoding import Undecodable
-from evenflow.server.edge.status import internal_error, status_of, stream_error_message
+from evenflow.server.edge.status import (
+    abort_with,
+    internal_error,
+    status_of,
+    stream_error_message,
+)
 from evenflow.server.models.spec import Padding, TensorSpec
 from evenflow.server.observability import cpu_accounting
 
@@ -220,12 +225,12 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
             return await self._infer(request, call_deadline_s(context))
         except EvenflowError as exc:
             self._count_failure(request, exc)
-            await context.abort(status_of(exc), str(exc))
+            await abort_with(context, exc)
             raise  # unreachable: abort raises
         except Exception as exc:  # a server bug: INTERNAL, logged, and the server keeps serving
             internal = _internal_error(request, exc)
             self._count_failure(request, internal)
-            await context.abort(status_of(internal), str(internal))
+            await abort_with(context, internal)
             raise  # unreachable: abort raises
 
     async def ModelStreamInfer(self,
@@ -237,7 +242,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         (``_InferStream``). A drain ends the stream with UNAVAILABLE once what it admitted
         is answered."""
         if self.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
+            await abort_with(context, _shutting_down())
         self.track(context)
         stream = _InferStream(self, call_deadline_s(context))
         self._streams.add(stream)
@@ -254,7 +259,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 elif reader.done() and not reader.cancelled() and reader.exception():
                     break  # reading failed: ``await reader`` ends the call with its error
             if not stream.requests_ended:  # drained while the client still sends
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
+                await abort_with(context, _shutting_down())
             await reader
         finally:
             self._streams.discard(stream)

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 
 from evenflow.balancer import ErrorCode, EvenflowError, InvalidRequest
+from evenflow.proto import metadata
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +26,24 @@ STATUS_OF: dict[ErrorCode, grpc.StatusCode] = {
 _BY_VALUE = {code.value[0]: code for code in grpc.StatusCode}
 
 
+_MAY_RESEND = ((metadata.MAY_RESEND, "1"),)
+
+
 def status_of(error: EvenflowError) -> grpc.StatusCode:
     return STATUS_OF[error.code]
+
+
+async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
+    """End the call with ``code``; an UNAVAILABLE is marked as one the client may send again
+    (``proto/metadata.py``). Raises."""
+    if code is grpc.StatusCode.UNAVAILABLE:
+        context.set_trailing_metadata(_MAY_RESEND)
+    await context.abort(code, details)
+
+
+async def abort_with(context: grpc.aio.ServicerContext, error: EvenflowError) -> None:
+    """End the call with ``error``'s status (``abort``). Raises."""
+    await abort(context, status_of(error), str(error))
 
 
 def status_from_value(value: int) -> grpc.StatusCode:
@@ -67,7 +84,7 @@ def answers_errors(method: Method[Request, Response]) -> Method[Request, Respons
             error = InvalidRequest(str(exc))
         except Exception as exc:
             error = internal_error(exc, f"{type(self).__name__}.{method.__name__}")
-        await context.abort(status_of(error), str(error))
+        await abort_with(context, error)
         raise AssertionError("unreachable: abort raises")
 
     return answered

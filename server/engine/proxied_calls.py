@@ -34,6 +34,10 @@ class _ForwardedContext:
     async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> None:
         raise _Aborted(code, details)
 
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        """Dropped: only the status crosses back, and the front-end marks it again as it
+        answers (``status.abort``)."""
+
     def set_code(self, code: grpc.StatusCode) -> None:
         self.code = code
 

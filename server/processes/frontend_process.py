@@ -38,7 +38,7 @@ from evenflow.server.edge.rest.http_port import HttpPort, HttpSettings
 from evenflow.server.edge.rest.page import devices_page
 from evenflow.server.edge.security import load_token
 from evenflow.server.edge.servicer import EdgeServicer, InferTarget, call_deadline_s
-from evenflow.server.edge.status import status_from_value, status_of
+from evenflow.server.edge.status import abort, abort_with, status_from_value
 from evenflow.server.observability.logs import configure_logging
 from evenflow.server.processes.ipc import arrays, child
 from evenflow.server.processes.ipc import frontend_messages as msg
@@ -202,10 +202,10 @@ def forward_to_engine(link: EngineLink, edge: EdgeServicer) -> Forward:
                 code, details, response = await link.call(path, request,
                                                           call_deadline_s(context))
             except EvenflowError as exc:  # the engine is gone
-                await context.abort(status_of(exc), str(exc))
+                await abort_with(context, exc)
                 raise  # unreachable: abort raises
             if code:
-                await context.abort(status_from_value(code), details)
+                await abort(context, status_from_value(code), details)
             return response  # type: ignore[no-any-return]
         return grpc.unary_unary_rpc_method_handler(handle)
     return forward

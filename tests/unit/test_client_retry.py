@@ -28,7 +28,7 @@ from evenflow.client import (
     InferenceServerError,
     ServerUnavailableError,
 )
-from evenflow.client._retry import Retries, not_delivered, unsent
+from evenflow.client._retry import Retries, not_delivered, not_run
 from evenflow.client.errors import error_for
 
 X = np.arange(4, dtype=np.float32)
@@ -293,7 +293,7 @@ def test_every_attempt_gets_the_time_left_and_none_starts_past_the_deadline() ->
     def attempt(left_s: float | None) -> int:
         given.append(left_s)
         clock.now_s += 0.4  # each attempt takes 0.4 s to fail
-        raise unsent(unavailable())
+        raise not_run(unavailable())
 
     retries = Retries(retries=5, backoff_s=0.05, clock=clock, sleep=sleep)
     with pytest.raises(ServerUnavailableError):
@@ -321,7 +321,7 @@ async def test_async_attempts_get_the_time_left() -> None:
 
 
 def test_what_an_infer_may_send_again() -> None:
-    assert not_delivered(unsent(unavailable()))  # no connection was made
+    assert not_delivered(not_run(unavailable()))  # no connection was made
     assert not_delivered(unavailable(503))  # the server said so, and ran nothing
     assert not not_delivered(unavailable())  # lost after sending: it may have run
 

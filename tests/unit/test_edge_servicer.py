@@ -16,6 +16,7 @@ import pytest
 
 from evenflow.balancer import ModelNotFound, Overloaded
 from evenflow.proto import grpc_service_pb2 as pb
+from evenflow.proto import metadata
 from evenflow.server.edge.decoding import Undecodable
 from evenflow.server.edge.servicer import _MAX_STREAM_IN_FLIGHT, EdgeServicer
 from evenflow.server.models.spec import Padding, TensorSpec
@@ -166,6 +167,7 @@ async def test_bad_input_is_invalid_argument_with_the_reason(
     with pytest.raises(Aborted):
         await edge.servicer.ModelInfer(request_, context)
     assert (context.code, context.details) == (grpc.StatusCode.INVALID_ARGUMENT, details)
+    assert context.trailing_metadata == ()  # sent again, it would fail again
     assert edge.model.arrived.empty()  # refused before the model saw it
     label = "m" if isinstance(request_, pb.ModelInferRequest) else ""
     assert edge.failures == [(label, "INVALID_ARGUMENT")]
@@ -227,6 +229,8 @@ async def test_a_drain_refuses_new_calls_and_counts_those_taken_until_their_stat
     with pytest.raises(Aborted):
         await edge.servicer.ModelInfer(infer_request(X), refused)
     assert refused.code is grpc.StatusCode.UNAVAILABLE
+    # Refused before it ran: marked as one the client may send again (to another server).
+    assert refused.trailing_metadata == ((metadata.MAY_RESEND, "1"),)
     ready = await edge.servicer.ServerReady(pb.ServerReadyRequest(), refused)
     assert not ready.ready
     assert await edge.servicer.answered(timeout_s=0.0) == 1  # answered, status not yet sent
