@@ -21,7 +21,6 @@ from evenflow.balancer.errors import (
     ShuttingDown,
     WorkerLost,
 )
-from evenflow.balancer.estimator import MIN_BATCH_S
 from evenflow.balancer.job import Clock, Job, Worker
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.parking import ParkingLot
@@ -359,10 +358,9 @@ class ModelBalancer:
             chosen = replicas[next(self._round_robin) % len(replicas)]  # the live ones
             return chosen, chosen.load(now_s).work_s(num_samples)
         # shared-queue: every replica reads the same queue, so it drains at their summed rate
-        # (each batch at least MIN_BATCH_S: a prior configured at no cost must not divide by 0)
+        # (a fit never prices a batch at zero: ``LatencyModel`` floors it)
         loads = [replica.load(now_s) for replica in replicas]
-        rate = sum(load.batch_size / max(load.base_s + load.per_sample_s * load.batch_size,
-                                         MIN_BATCH_S)
+        rate = sum(load.batch_size / (load.base_s + load.per_sample_s * load.batch_size)
                    for load in loads)
         queued = loads[0].queued_samples + num_samples
         return replicas[0], min(load.running_remaining_s for load in loads) + queued / rate

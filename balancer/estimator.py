@@ -62,6 +62,12 @@ class LatencyModel:
                  forgetting: float = 0.95, min_weight: float = 3.0) -> None:
         if not 0.0 < forgetting < 1.0:
             raise ValueError("forgetting must be in (0, 1)")
+        if prior_base_s < 0.0 or prior_per_sample_s < 0.0:
+            raise ValueError("the prior's costs must be >= 0")
+        # A prior of no cost at all (a configuration's zeros) is a batch at the floor, all of
+        # it fixed: every reader divides by batch time, and scaling the prior needs a cost.
+        if prior_base_s + prior_per_sample_s < MIN_BATCH_S:
+            prior_base_s = MIN_BATCH_S
         self._prior = LatencyFit(prior_base_s, prior_per_sample_s, reliable=False)
         self._forgetting = forgetting
         self._min_weight = min_weight
@@ -138,13 +144,8 @@ class LatencyModel:
             # scaled at the mean itself (exact for the mean), their SLO goodput measured lower
             # (docs/benchmarks.md, Placement). The cost book rescales at the mean
             # (``CostBook.observe_at``), where capacity is priced.
-            size = round(mean_b)
-            prior_t = self._prior.predict_s(size)
-            if prior_t > 0:
-                scale = mean_t / prior_t
-                base, per_sample = self._prior.base_s * scale, self._prior.per_sample_s * scale
-            else:  # a prior of no cost at all has no split to scale: all of it per batch
-                base, per_sample = mean_t, 0.0
+            scale = mean_t / self._prior.predict_s(round(mean_b))
+            base, per_sample = self._prior.base_s * scale, self._prior.per_sample_s * scale
             return LatencyFit(base, per_sample, reliable=False, settled=self._settled(),
                               batch_size=mean_b, latency_s=mean_t)
         per_sample = (self._wbt / w - mean_b * mean_t) / var_b

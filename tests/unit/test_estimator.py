@@ -1,6 +1,7 @@
 import pytest
 
 from evenflow.balancer import LatencyModel
+from evenflow.balancer.estimator import MIN_BATCH_S
 
 
 def feed(model: LatencyModel, base_s: float, per_sample_s: float, sizes: list[int]) -> None:
@@ -25,6 +26,15 @@ def test_single_batch_size_scales_prior_and_is_unreliable() -> None:
     assert not fit.reliable
     # Accurate at that size, though: settled there (the placement's cost book uses it).
     assert fit.settled and fit.batch_size == pytest.approx(8.0)
+
+
+def test_a_prior_of_no_cost_prices_a_batch_at_the_floor_and_still_scales() -> None:
+    model = LatencyModel(prior_base_s=0.0, prior_per_sample_s=0.0)
+    assert model.fit.predict_s(1) == MIN_BATCH_S  # never free: routing divides by it
+    feed(model, 0.010, 0.002, [8] * 10)  # one size: the floor's split (all fixed), scaled
+    assert model.fit.predict_s(8) == pytest.approx(0.026)
+    with pytest.raises(ValueError, match="prior"):
+        LatencyModel(prior_base_s=-0.001)
 
 
 def test_a_step_learned_at_one_batch_size_settles_there_without_being_reliable() -> None:
