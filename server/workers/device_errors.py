@@ -66,10 +66,12 @@ def is_sticky_device_error(exc: BaseException) -> bool:
     return any(fragment in message for fragment in _STICKY_CUDA_MESSAGES)
 
 
-def classify_device_error(exc: BaseException, *, device: str = "") -> EvenflowError:
+def classify_device_error(exc: BaseException, *, device: str = "",
+                          raiser: str = "model") -> EvenflowError:
     """Map what a model raised to the balancer's error taxonomy: a sticky device failure is
     ``DeviceLost``, running out of memory is ``OutOfMemory``, anything else is ``BatchFailed``
-    with the model's message. An ``EvenflowError`` is returned unchanged."""
+    with the message of ``raiser`` (what ran: the model, a pipeline's stage). An
+    ``EvenflowError`` is returned unchanged."""
     if isinstance(exc, EvenflowError):
         return exc
     where = f" on {device}" if device else ""
@@ -77,4 +79,4 @@ def classify_device_error(exc: BaseException, *, device: str = "") -> EvenflowEr
         return OutOfMemory(f"out of memory{where}: {exc}")
     if is_sticky_device_error(exc):
         return DeviceLost(f"device lost{where}: {type(exc).__name__}: {exc}")
-    return BatchFailed(f"model raised {type(exc).__name__}: {exc}")
+    return BatchFailed(f"{raiser} raised {type(exc).__name__}: {exc}")

@@ -197,7 +197,8 @@ def test_profiling_runs_each_layer_on_the_device_and_dtype_it_profiles() -> None
     layers = split_into_layers(definition.module)
     # meta stands for an accelerator: the layers start on the CPU, the input is made on meta.
     devices = [torch.device("cpu"), torch.device("meta"), torch.device("cpu")]
-    costs = layer_costs_s(definition, layers, devices, torch.float64, batch=2, repeats=1)
+    costs = layer_costs_s(definition, layers, devices, [torch.float64] * len(devices), batch=2,
+                          repeats=1)
     assert len(costs) == 3 and all(len(row) == 2 and min(row) >= 0 for row in costs)
     assert costs[0] == costs[2]  # one device, measured once
     assert_untouched(definition.module, before)

@@ -61,14 +61,13 @@ def layer_memory_bytes(layer: torch.nn.Module, float_dtype: torch.dtype | None =
 
 
 def layer_costs_s(definition: ModelDefinition, layers: Sequence[torch.nn.Module],
-                  devices: Sequence[torch.device],
-                  float_dtype: torch.dtype | Sequence[torch.dtype], batch: int,
-                  repeats: int = 3) -> list[list[float]]:
+                  devices: Sequence[torch.device], float_dtypes: Sequence[torch.dtype],
+                  batch: int, repeats: int = 3) -> list[list[float]]:
     """Seconds per layer at ``batch`` on each of ``devices``: ``[device][layer]``.
 
     From the layers' ``sim_profile`` when every layer has one (the same on every device), else
-    measured: each layer runs placed on the device and dtype it would run on (``float_dtype``:
-    one for every device, or one per device; best of ``repeats`` after one warm-up run), fed
+    measured: each layer runs placed on the device and dtype it would run on (``float_dtypes``:
+    one per device; best of ``repeats`` after one warm-up run), fed
     the activations of the layers before it on that device. Each distinct device and dtype
     is measured once; ``layers`` themselves are never moved.
     """
@@ -76,8 +75,6 @@ def layer_costs_s(definition: ModelDefinition, layers: Sequence[torch.nn.Module]
     if all(isinstance(p, SimProfile) for p in profiles):
         costs = [p.cost_s(batch) for p in profiles]  # type: ignore[union-attr]
         return [list(costs) for _ in devices]
-    float_dtypes = [float_dtype] * len(devices) if isinstance(float_dtype, torch.dtype) \
-        else list(float_dtype)
     measured: dict[tuple[torch.device, torch.dtype], list[float]] = {}
     for device, dtype in zip(devices, float_dtypes, strict=True):
         if (device, dtype) not in measured:

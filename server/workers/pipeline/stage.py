@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from evenflow.balancer.errors import BatchFailed, EvenflowError
+from evenflow.balancer.errors import EvenflowError
 from evenflow.server.models.sim import set_thread_speed
 from evenflow.server.workers.cuda_sync import blocking_event, wait_for_stream
 from evenflow.server.workers.device_errors import classify_device_error
@@ -208,10 +208,8 @@ class Stage:
         restarted) instead of failing every later batch; out of memory is ``OutOfMemory``
         however torch wrapped it (a traced stage's comes as the TorchScript interpreter's
         ``RuntimeError``), so the batch is split; anything else fails this batch only."""
-        error = classify_device_error(exc, device=f"{self.device_name} (stage {self.index})")
-        if type(error) is BatchFailed and error is not exc:
-            return BatchFailed(f"stage {self.index} raised {type(exc).__name__}: {exc}")
-        return error
+        return classify_device_error(exc, device=f"{self.device_name} (stage {self.index})",
+                                     raiser=f"stage {self.index}")
 
     def stop(self) -> None:
         """Stop this stage and, after the micro-batches ahead of it, every later one."""
