@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x65venflow.proto\x12\x0b\x65venflow.v1\"%\n\x0fGetStatsRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\"\x9c\x05\n\x0cReplicaStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\x12\x15\n\rbusy_fraction\x18\x03 \x01(\x01\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\x04\x12\x16\n\x0equeued_samples\x18\x05 \x01(\x04\x12\x1a\n\x12outstanding_work_s\x18\x06 \x01(\x01\x12\x12\n\nbatch_size\x18\x07 \x01(\r\x12\x12\n\nfit_base_s\x18\x08 \x01(\x01\x12\x18\n\x10\x66it_per_sample_s\x18\t \x01(\x01\x12\x14\n\x0c\x66it_reliable\x18\n \x01(\x08\x12\x13\n\x0bnum_batches\x18\x0b \x01(\x04\x12\x13\n\x0bnum_samples\x18\x0c \x01(\x04\x12I\n\x11\x62\x61tch_size_counts\x18\r \x03(\x0b\x32..evenflow.v1.ReplicaStats.BatchSizeCountsEntry\x12\x0e\n\x06\x62usy_s\x18\x0e \x01(\x01\x12\x1b\n\x13num_stolen_requests\x18\x0f \x01(\x04\x12\x18\n\x10running_requests\x18\x10 \x01(\r\x12*\n\x06stages\x18\x11 \x03(\x0b\x32\x1a.evenflow.v1.PipelineStage\x12\x18\n\x10num_repartitions\x18\x12 \x01(\r\x12\x0f\n\x07healthy\x18\x13 \x01(\x08\x12\x10\n\x08restarts\x18\x14 \x01(\r\x12\x10\n\x08location\x18\x15 \x01(\t\x12\x17\n\x0funusable_reason\x18\x16 \x01(\t\x12\x14\n\x0cnum_requests\x18\x17 \x01(\x04\x12\x13\n\x0bturn_wait_s\x18\x18 \x01(\x01\x1a\x36\n\x14\x42\x61tchSizeCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x85\x01\n\rPipelineStage\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x02 \x01(\r\x12\x12\n\nlast_layer\x18\x03 \x01(\r\x12\x11\n\tplanned_s\x18\x04 \x01(\x01\x12\x12\n\nmeasured_s\x18\x05 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x04\"\xd9\x03\n\x12ModelBalancerStats\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x14\n\x0c\x62\x61tch_policy\x18\x03 \x01(\t\x12\x18\n\x10latency_target_s\x18\x04 \x01(\x01\x12+\n\x08replicas\x18\x05 \x03(\x0b\x32\x19.evenflow.v1.ReplicaStats\x12\x17\n\x0fqueued_requests\x18\x06 \x01(\x04\x12\x14\n\x0cnum_rejected\x18\x07 \x01(\x04\x12Q\n\x12rejected_by_reason\x18\x08 \x03(\x0b\x32\x35.evenflow.v1.ModelBalancerStats.RejectedByReasonEntry\x12O\n\x11\x64ropped_by_reason\x18\t \x03(\x0b\x32\x34.evenflow.v1.ModelBalancerStats.DroppedByReasonEntry\x1a\x37\n\x15RejectedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x36\n\x14\x44roppedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xc3\x01\n\x0b\x44\x65viceStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0butilization\x18\x02 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x14\n\x0csm_clock_mhz\x18\x05 \x01(\r\x12\x18\n\x10throttle_reasons\x18\x06 \x01(\x04\x12\x15\n\rtemperature_c\x18\x07 \x01(\r\x12\x13\n\x0bunsupported\x18\x08 \x03(\t\"=\n\rPlacedReplica\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\"{\n\rPlacementMove\x12\x0c\n\x04\x61t_s\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06took_s\x18\x06 \x01(\x01\x12\x0f\n\x07outcome\x18\x07 \x01(\t\"O\n\x0fPlacementDevice\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x03 \x01(\x04\"E\n\x0ePlacementModel\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06load_s\x18\x03 \x01(\x01\"\x97\x04\n\tPlacement\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12,\n\x08replicas\x18\x02 \x03(\x0b\x32\x1a.evenflow.v1.PlacedReplica\x12\x30\n\x05moves\x18\x03 \x03(\x0b\x32!.evenflow.v1.Placement.MovesEntry\x12*\n\x06recent\x18\x04 \x03(\x0b\x32\x1a.evenflow.v1.PlacementMove\x12<\n\x0c\x64\x65mand_per_s\x18\x05 \x03(\x0b\x32&.evenflow.v1.Placement.DemandPerSEntry\x12@\n\x0erequests_per_s\x18\x06 \x03(\x0b\x32(.evenflow.v1.Placement.RequestsPerSEntry\x12-\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x1c.evenflow.v1.PlacementDevice\x12+\n\x06models\x18\x08 \x03(\x0b\x32\x1b.evenflow.v1.PlacementModel\x1a,\n\nMovesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x31\n\x0f\x44\x65mandPerSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11RequestsPerSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xab\x01\n\x10GetStatsResponse\x12\x10\n\x08uptime_s\x18\x01 \x01(\x01\x12/\n\x06models\x18\x02 \x03(\x0b\x32\x1f.evenflow.v1.ModelBalancerStats\x12)\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x18.evenflow.v1.DeviceStats\x12)\n\tplacement\x18\x04 \x01(\x0b\x32\x16.evenflow.v1.Placement\"6\n\x15SetDeviceSpeedRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\r\n\x05speed\x18\x02 \x01(\x01\"0\n\x16SetDeviceSpeedResponse\x12\x16\n\x0eprevious_speed\x18\x01 \x01(\x01\"E\n\x15SetDeviceFaultRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\r\n\x05\x66\x61ult\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x18\n\x16SetDeviceFaultResponse2Z\n\rEvenflowStats\x12I\n\x08GetStats\x12\x1c.evenflow.v1.GetStatsRequest\x1a\x1d.evenflow.v1.GetStatsResponse\"\x00\x32\xc9\x01\n\rEvenflowAdmin\x12[\n\x0eSetDeviceSpeed\x12\".evenflow.v1.SetDeviceSpeedRequest\x1a#.evenflow.v1.SetDeviceSpeedResponse\"\x00\x12[\n\x0eSetDeviceFault\x12\".evenflow.v1.SetDeviceFaultRequest\x1a#.evenflow.v1.SetDeviceFaultResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0e\x65venflow.proto\x12\x0b\x65venflow.v1\"%\n\x0fGetStatsRequest\x12\x12\n\nmodel_name\x18\x01 \x01(\t\"\x9c\x05\n\x0cReplicaStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x64\x65vices\x18\x02 \x03(\t\x12\x15\n\rbusy_fraction\x18\x03 \x01(\x01\x12\x17\n\x0fqueued_requests\x18\x04 \x01(\x04\x12\x16\n\x0equeued_samples\x18\x05 \x01(\x04\x12\x1a\n\x12outstanding_work_s\x18\x06 \x01(\x01\x12\x12\n\nbatch_size\x18\x07 \x01(\r\x12\x12\n\nfit_base_s\x18\x08 \x01(\x01\x12\x18\n\x10\x66it_per_sample_s\x18\t \x01(\x01\x12\x14\n\x0c\x66it_reliable\x18\n \x01(\x08\x12\x13\n\x0bnum_batches\x18\x0b \x01(\x04\x12\x13\n\x0bnum_samples\x18\x0c \x01(\x04\x12I\n\x11\x62\x61tch_size_counts\x18\r \x03(\x0b\x32..evenflow.v1.ReplicaStats.BatchSizeCountsEntry\x12\x0e\n\x06\x62usy_s\x18\x0e \x01(\x01\x12\x1b\n\x13num_stolen_requests\x18\x0f \x01(\x04\x12\x18\n\x10running_requests\x18\x10 \x01(\r\x12*\n\x06stages\x18\x11 \x03(\x0b\x32\x1a.evenflow.v1.PipelineStage\x12\x18\n\x10num_repartitions\x18\x12 \x01(\r\x12\x0f\n\x07healthy\x18\x13 \x01(\x08\x12\x10\n\x08restarts\x18\x14 \x01(\r\x12\x10\n\x08location\x18\x15 \x01(\t\x12\x17\n\x0funusable_reason\x18\x16 \x01(\t\x12\x14\n\x0cnum_requests\x18\x17 \x01(\x04\x12\x13\n\x0bturn_wait_s\x18\x18 \x01(\x01\x1a\x36\n\x14\x42\x61tchSizeCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x85\x01\n\rPipelineStage\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x13\n\x0b\x66irst_layer\x18\x02 \x01(\r\x12\x12\n\nlast_layer\x18\x03 \x01(\r\x12\x11\n\tplanned_s\x18\x04 \x01(\x01\x12\x12\n\nmeasured_s\x18\x05 \x01(\x01\x12\x14\n\x0cmemory_bytes\x18\x06 \x01(\x04\"\xd9\x03\n\x12ModelBalancerStats\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x0e\n\x06policy\x18\x02 \x01(\t\x12\x14\n\x0c\x62\x61tch_policy\x18\x03 \x01(\t\x12\x18\n\x10latency_target_s\x18\x04 \x01(\x01\x12+\n\x08replicas\x18\x05 \x03(\x0b\x32\x19.evenflow.v1.ReplicaStats\x12\x17\n\x0fqueued_requests\x18\x06 \x01(\x04\x12\x14\n\x0cnum_rejected\x18\x07 \x01(\x04\x12Q\n\x12rejected_by_reason\x18\x08 \x03(\x0b\x32\x35.evenflow.v1.ModelBalancerStats.RejectedByReasonEntry\x12O\n\x11\x64ropped_by_reason\x18\t \x03(\x0b\x32\x34.evenflow.v1.ModelBalancerStats.DroppedByReasonEntry\x1a\x37\n\x15RejectedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x36\n\x14\x44roppedByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\xd2\x01\n\x0b\x44\x65viceStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0butilization\x18\x02 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x03 \x01(\x04\x12\x1a\n\x12memory_total_bytes\x18\x04 \x01(\x04\x12\x14\n\x0csm_clock_mhz\x18\x05 \x01(\r\x12\x18\n\x10throttle_reasons\x18\x06 \x01(\x04\x12\x15\n\rtemperature_c\x18\x07 \x01(\r\x12\x13\n\x0bunsupported\x18\x08 \x03(\t\x12\r\n\x05stale\x18\t \x01(\x08\"=\n\rPlacedReplica\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\"{\n\rPlacementMove\x12\x0c\n\x04\x61t_s\x18\x01 \x01(\x01\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12\x0e\n\x06took_s\x18\x06 \x01(\x01\x12\x0f\n\x07outcome\x18\x07 \x01(\t\"O\n\x0fPlacementDevice\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x16\n\x0ereserved_bytes\x18\x03 \x01(\x04\"E\n\x0ePlacementModel\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06load_s\x18\x03 \x01(\x01\"\x97\x04\n\tPlacement\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12,\n\x08replicas\x18\x02 \x03(\x0b\x32\x1a.evenflow.v1.PlacedReplica\x12\x30\n\x05moves\x18\x03 \x03(\x0b\x32!.evenflow.v1.Placement.MovesEntry\x12*\n\x06recent\x18\x04 \x03(\x0b\x32\x1a.evenflow.v1.PlacementMove\x12<\n\x0c\x64\x65mand_per_s\x18\x05 \x03(\x0b\x32&.evenflow.v1.Placement.DemandPerSEntry\x12@\n\x0erequests_per_s\x18\x06 \x03(\x0b\x32(.evenflow.v1.Placement.RequestsPerSEntry\x12-\n\x07\x64\x65vices\x18\x07 \x03(\x0b\x32\x1c.evenflow.v1.PlacementDevice\x12+\n\x06models\x18\x08 \x03(\x0b\x32\x1b.evenflow.v1.PlacementModel\x1a,\n\nMovesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a\x31\n\x0f\x44\x65mandPerSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a\x33\n\x11RequestsPerSEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xab\x01\n\x10GetStatsResponse\x12\x10\n\x08uptime_s\x18\x01 \x01(\x01\x12/\n\x06models\x18\x02 \x03(\x0b\x32\x1f.evenflow.v1.ModelBalancerStats\x12)\n\x07\x64\x65vices\x18\x03 \x03(\x0b\x32\x18.evenflow.v1.DeviceStats\x12)\n\tplacement\x18\x04 \x01(\x0b\x32\x16.evenflow.v1.Placement\"6\n\x15SetDeviceSpeedRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\r\n\x05speed\x18\x02 \x01(\x01\"0\n\x16SetDeviceSpeedResponse\x12\x16\n\x0eprevious_speed\x18\x01 \x01(\x01\"E\n\x15SetDeviceFaultRequest\x12\x0e\n\x06\x64\x65vice\x18\x01 \x01(\t\x12\r\n\x05\x66\x61ult\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"\x18\n\x16SetDeviceFaultResponse2Z\n\rEvenflowStats\x12I\n\x08GetStats\x12\x1c.evenflow.v1.GetStatsRequest\x1a\x1d.evenflow.v1.GetStatsResponse\"\x00\x32\xc9\x01\n\rEvenflowAdmin\x12[\n\x0eSetDeviceSpeed\x12\".evenflow.v1.SetDeviceSpeedRequest\x1a#.evenflow.v1.SetDeviceSpeedResponse\"\x00\x12[\n\x0eSetDeviceFault\x12\".evenflow.v1.SetDeviceFaultRequest\x1a#.evenflow.v1.SetDeviceFaultResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,35 +58,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELBALANCERSTATS_DROPPEDBYREASONENTRY']._serialized_start=1297
   _globals['_MODELBALANCERSTATS_DROPPEDBYREASONENTRY']._serialized_end=1351
   _globals['_DEVICESTATS']._serialized_start=1354
-  _globals['_DEVICESTATS']._serialized_end=1549
-  _globals['_PLACEDREPLICA']._serialized_start=1551
-  _globals['_PLACEDREPLICA']._serialized_end=1612
-  _globals['_PLACEMENTMOVE']._serialized_start=1614
-  _globals['_PLACEMENTMOVE']._serialized_end=1737
-  _globals['_PLACEMENTDEVICE']._serialized_start=1739
-  _globals['_PLACEMENTDEVICE']._serialized_end=1818
-  _globals['_PLACEMENTMODEL']._serialized_start=1820
-  _globals['_PLACEMENTMODEL']._serialized_end=1889
-  _globals['_PLACEMENT']._serialized_start=1892
-  _globals['_PLACEMENT']._serialized_end=2427
-  _globals['_PLACEMENT_MOVESENTRY']._serialized_start=2279
-  _globals['_PLACEMENT_MOVESENTRY']._serialized_end=2323
-  _globals['_PLACEMENT_DEMANDPERSENTRY']._serialized_start=2325
-  _globals['_PLACEMENT_DEMANDPERSENTRY']._serialized_end=2374
-  _globals['_PLACEMENT_REQUESTSPERSENTRY']._serialized_start=2376
-  _globals['_PLACEMENT_REQUESTSPERSENTRY']._serialized_end=2427
-  _globals['_GETSTATSRESPONSE']._serialized_start=2430
-  _globals['_GETSTATSRESPONSE']._serialized_end=2601
-  _globals['_SETDEVICESPEEDREQUEST']._serialized_start=2603
-  _globals['_SETDEVICESPEEDREQUEST']._serialized_end=2657
-  _globals['_SETDEVICESPEEDRESPONSE']._serialized_start=2659
-  _globals['_SETDEVICESPEEDRESPONSE']._serialized_end=2707
-  _globals['_SETDEVICEFAULTREQUEST']._serialized_start=2709
-  _globals['_SETDEVICEFAULTREQUEST']._serialized_end=2778
-  _globals['_SETDEVICEFAULTRESPONSE']._serialized_start=2780
-  _globals['_SETDEVICEFAULTRESPONSE']._serialized_end=2804
-  _globals['_EVENFLOWSTATS']._serialized_start=2806
-  _globals['_EVENFLOWSTATS']._serialized_end=2896
-  _globals['_EVENFLOWADMIN']._serialized_start=2899
-  _globals['_EVENFLOWADMIN']._serialized_end=3100
+  _globals['_DEVICESTATS']._serialized_end=1564
+  _globals['_PLACEDREPLICA']._serialized_start=1566
+  _globals['_PLACEDREPLICA']._serialized_end=1627
+  _globals['_PLACEMENTMOVE']._serialized_start=1629
+  _globals['_PLACEMENTMOVE']._serialized_end=1752
+  _globals['_PLACEMENTDEVICE']._serialized_start=1754
+  _globals['_PLACEMENTDEVICE']._serialized_end=1833
+  _globals['_PLACEMENTMODEL']._serialized_start=1835
+  _globals['_PLACEMENTMODEL']._serialized_end=1904
+  _globals['_PLACEMENT']._serialized_start=1907
+  _globals['_PLACEMENT']._serialized_end=2442
+  _globals['_PLACEMENT_MOVESENTRY']._serialized_start=2294
+  _globals['_PLACEMENT_MOVESENTRY']._serialized_end=2338
+  _globals['_PLACEMENT_DEMANDPERSENTRY']._serialized_start=2340
+  _globals['_PLACEMENT_DEMANDPERSENTRY']._serialized_end=2389
+  _globals['_PLACEMENT_REQUESTSPERSENTRY']._serialized_start=2391
+  _globals['_PLACEMENT_REQUESTSPERSENTRY']._serialized_end=2442
+  _globals['_GETSTATSRESPONSE']._serialized_start=2445
+  _globals['_GETSTATSRESPONSE']._serialized_end=2616
+  _globals['_SETDEVICESPEEDREQUEST']._serialized_start=2618
+  _globals['_SETDEVICESPEEDREQUEST']._serialized_end=2672
+  _globals['_SETDEVICESPEEDRESPONSE']._serialized_start=2674
+  _globals['_SETDEVICESPEEDRESPONSE']._serialized_end=2722
+  _globals['_SETDEVICEFAULTREQUEST']._serialized_start=2724
+  _globals['_SETDEVICEFAULTREQUEST']._serialized_end=2793
+  _globals['_SETDEVICEFAULTRESPONSE']._serialized_start=2795
+  _globals['_SETDEVICEFAULTRESPONSE']._serialized_end=2819
+  _globals['_EVENFLOWSTATS']._serialized_start=2821
+  _globals['_EVENFLOWSTATS']._serialized_end=2911
+  _globals['_EVENFLOWADMIN']._serialized_start=2914
+  _globals['_EVENFLOWADMIN']._serialized_end=3115
 # @@protoc_insertion_point(module_scope)

@@ -124,7 +124,7 @@ class ModelBalancerStats(_message.Message):
     def __init__(self, model_name: _Optional[str] = ..., policy: _Optional[str] = ..., batch_policy: _Optional[str] = ..., latency_target_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStats, _Mapping]]] = ..., queued_requests: _Optional[int] = ..., num_rejected: _Optional[int] = ..., rejected_by_reason: _Optional[_Mapping[str, int]] = ..., dropped_by_reason: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class DeviceStats(_message.Message):
-    __slots__ = ("name", "utilization", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "throttle_reasons", "temperature_c", "unsupported")
+    __slots__ = ("name", "utilization", "memory_used_bytes", "memory_total_bytes", "sm_clock_mhz", "throttle_reasons", "temperature_c", "unsupported", "stale")
     NAME_FIELD_NUMBER: _ClassVar[int]
     UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class DeviceStats(_message.Message):
     THROTTLE_REASONS_FIELD_NUMBER: _ClassVar[int]
     TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
     UNSUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
     name: str
     utilization: float
     memory_used_bytes: int
@@ -141,7 +142,8 @@ class DeviceStats(_message.Message):
     throttle_reasons: int
     temperature_c: int
     unsupported: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., throttle_reasons: _Optional[int] = ..., temperature_c: _Optional[int] = ..., unsupported: _Optional[_Iterable[str]] = ...) -> None: ...
+    stale: bool
+    def __init__(self, name: _Optional[str] = ..., utilization: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ..., sm_clock_mhz: _Optional[int] = ..., throttle_reasons: _Optional[int] = ..., temperature_c: _Optional[int] = ..., unsupported: _Optional[_Iterable[str]] = ..., stale: _Optional[bool] = ...) -> None: ...
 
 class PlacedReplica(_message.Message):
     __slots__ = ("model", "device", "state")

@@ -63,7 +63,7 @@ class StatsServicer(ef_grpc.EvenflowStatsServicer):
                 memory_used_bytes=gpu.memory_used_bytes,
                 memory_total_bytes=gpu.memory_total_bytes, sm_clock_mhz=gpu.sm_clock_mhz,
                 throttle_reasons=gpu.throttle_reasons, temperature_c=gpu.temperature_c,
-                unsupported=sorted(gpu.unsupported)))
+                unsupported=sorted(gpu.unsupported), stale=gpu.stale))
         response.placement.CopyFrom(placement_message(self._placement(), self._started_s))
         return response
 

@@ -88,7 +88,9 @@ _GPU_METRICS: tuple[tuple[str, str, str, Callable[[GpuSample], float]], ...] = (
      "throttle_reasons", lambda g: g.throttle_reasons),
 )
 
-GPU_METRIC_NAMES = frozenset(name for name, _, _, _ in _GPU_METRICS)  # exported only with NVML
+_GPU_STALE = "evenflow_gpu_telemetry_stale"
+# Exported only with NVML.
+GPU_METRIC_NAMES = frozenset({*(name for name, _, _, _ in _GPU_METRICS), _GPU_STALE})
 
 
 def _model_families(models: Iterable[ServedModel]) -> list[MetricFamily | Metric]:
@@ -192,14 +194,21 @@ def _failure_family(failures: Mapping[tuple[str, str], int]) -> MetricFamily:
 
 def _gpu_families(samples: Iterable[GpuSample]) -> list[MetricFamily]:
     """Per GPU, each field NVML reads; one it cannot read on that GPU (utilization on a MIG
-    instance, clocks on some boards) is left out, not exported as the 0 it holds."""
+    instance, clocks on some boards) is left out, not exported as the 0 it holds, and so is
+    every field of a stale reading (NVML stuck on the GPU): a gap, not a frozen line."""
     families = [(MetricFamily(name, "gauge", text), field, value)
                 for name, text, field, value in _GPU_METRICS]
+    stale = MetricFamily(_GPU_STALE, "gauge",
+                         "1 while NVML has not answered for this GPU lately (its other "
+                         "metrics are left out meanwhile)")
     for sample in samples:
+        stale.add(1.0 if sample.stale else 0.0, gpu=sample.name)
+        if sample.stale:
+            continue
         for family, field, value in families:
             if field not in sample.unsupported:
                 family.add(value(sample), gpu=sample.name)
-    return [family for family, _, _ in families]
+    return [*(family for family, _, _ in families), stale]
 
 
 def _frontend_families(frontends: Iterable[FrontendState]) -> list[MetricFamily]:

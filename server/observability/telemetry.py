@@ -2,7 +2,8 @@
 
 Absent cleanly: without nvidia-ml-py, without a driver, or when NVML fails while the sampler is
 built, ``NvmlSampler.open()`` returns None (NVML shut down again) and the server reports no
-device telemetry. A GPU whose handle or UUID NVML cannot give is left out, logged once.
+device telemetry. A GPU whose handle or UUID NVML cannot give is left out, logged as the
+sampler lists the GPUs.
 
 GPUs are named as the server names its devices, by CUDA ordinal (``cuda0`` is torch's device
 0), matched to NVML's devices by UUID: NVML counts every GPU in PCI order, CUDA only those in
@@ -13,15 +14,19 @@ utilization on MIG) stays 0, is listed in ``GpuSample.unsupported`` (the metrics
 and is logged once.
 
 NVML calls can block for a long time on a GPU in a bad state (an Xid, fallen off the bus), so
-the sampler makes them on its own thread, one sample at a time, never on the event loop;
-``close()`` waits for a sample in progress only ``close_timeout_s``, then leaves its thread to
-finish it and shut NVML down after it (never while a call is in progress).
+the sampler makes them on its own thread, one sample at a time, never on the event loop. A
+sample that has not returned within ``stale_after_s`` marks the last readings ``stale`` (the
+metrics leave their values out, the stats RPC and the devices page say so), logged once per
+stuck sample, until a sample returns. ``close()`` waits for a sample in progress only
+``close_timeout_s``, then leaves its thread to finish it and shut NVML down after it (never
+while a call is in progress).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -47,6 +52,9 @@ class GpuSample:
     throttle_reasons: int
     temperature_c: int
     unsupported: frozenset[str] = frozenset()  # fields NVML did not report (left 0)
+    # The last reading, kept while the sample after it is stuck in NVML (a GPU in a bad state):
+    # what it says may no longer hold.
+    stale: bool = False
 
 
 # Each reader fills some of GpuSample's fields from one NVML query.
@@ -101,19 +109,15 @@ def torch_cuda_uuids() -> list[str]:
             for i in range(torch.cuda.device_count())]
 
 
-_skipped_logged: set[str] = set()  # the NVML devices already logged as left out
-
-
 def _skip(device: str, exc: Exception) -> None:
-    if device not in _skipped_logged:
-        _skipped_logged.add(device)
-        logger.warning("NVML: leaving out %s, which NVML cannot open (%s: %s); logged once",
-                       device, type(exc).__name__, exc)
+    # Devices are listed once per sampler and once per memory query: logged each time.
+    logger.warning("NVML: leaving out %s, which NVML cannot open (%s: %s)",
+                   device, type(exc).__name__, exc)
 
 
 def _nvml_devices(nvml: Any) -> list[tuple[Any, str]]:
     """Every NVML handle with its UUID: the GPUs, and the MIG instances of those in MIG mode.
-    A device whose handle or UUID NVML cannot give is left out, logged once."""
+    A device whose handle or UUID NVML cannot give is left out, logged."""
     devices = []
     for index in range(nvml.nvmlDeviceGetCount()):
         try:
@@ -198,9 +202,10 @@ class NvmlSampler:
 
     def __init__(self, nvml: Any, interval_s: float = 0.25,
                  cuda_uuids: Callable[[], Sequence[str]] = torch_cuda_uuids,
-                 close_timeout_s: float = 2.0) -> None:
+                 close_timeout_s: float = 2.0, stale_after_s: float = 1.0) -> None:
         self._nvml = nvml
         self._interval_s = interval_s
+        self._stale_after_s = stale_after_s
         self._close_timeout_s = close_timeout_s
         self._devices = self._named_handles(nvml, cuda_uuids)
         self._unsupported_logged: set[tuple[str, str]] = set()
@@ -286,8 +291,16 @@ class NvmlSampler:
 
     async def _run(self, thread: _NvmlThread) -> None:
         while True:
-            try:  # one sample at a time: the next is asked only once this one has returned
-                self.latest = await asyncio.wrap_future(thread.submit(self.sample))
+            # One sample at a time: the next is asked only once this one has returned.
+            sample = asyncio.wrap_future(thread.submit(self.sample))
+            try:
+                done, _ = await asyncio.wait({sample}, timeout=self._stale_after_s)
+                if not done:
+                    self.latest = [dataclasses.replace(s, stale=True) for s in self.latest]
+                    logger.warning("NVML: a sample has not returned in %.1f s (a GPU in a bad "
+                                   "state?); the last readings are reported stale until one "
+                                   "does", self._stale_after_s)
+                self.latest = await sample
             except Exception:
                 logger.exception("NVML sample failed")
             await asyncio.sleep(self._interval_s)

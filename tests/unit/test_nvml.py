@@ -13,14 +13,19 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from evenflow.server.observability import telemetry
 from evenflow.server.observability.metrics import collect
 from evenflow.server.observability.prometheus import render
-from evenflow.server.observability.telemetry import NvmlSampler, cuda_ordinals, normalized_uuid
+from evenflow.server.observability.telemetry import (
+    GpuSample,
+    NvmlSampler,
+    cuda_ordinals,
+    normalized_uuid,
+)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -191,7 +196,6 @@ def test_a_field_nvml_cannot_read_is_left_out_of_the_metrics_not_exported_as_0()
 def _open(nvml: FakeNvml, monkeypatch: pytest.MonkeyPatch,
           cuda_uuids: Callable[[], list[str]]) -> NvmlSampler | None:
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    monkeypatch.setattr(telemetry, "_skipped_logged", set())
     return NvmlSampler.open(cuda_uuids=cuda_uuids)
 
 
@@ -236,16 +240,20 @@ def test_open_when_nvml_fails_building_the_sampler_is_no_telemetry(
 
 @dataclass
 class StuckNvml(FakeNvml):
-    """Its first temperature query blocks (a GPU in a bad state) until ``release`` is set;
-    ``on_stuck`` is called as it blocks, ``stuck`` holds while it does."""
+    """Its temperature query number ``stuck_at`` (1: the first) blocks (a GPU in a bad state)
+    until ``release`` is set; ``on_stuck`` is called as it blocks, ``stuck`` holds while it
+    does."""
 
     release: threading.Event = field(default_factory=threading.Event)
     on_stuck: Callable[[], None] = lambda: None
+    stuck_at: int = 1
     stuck: bool = False
     blocked_once: bool = False
+    temperatures: int = 0
 
     def nvmlDeviceGetTemperature(self, handle: object, sensor: int) -> int:
-        if not self.blocked_once:
+        self.temperatures += 1
+        if not self.blocked_once and self.temperatures == self.stuck_at:
             self.blocked_once = self.stuck = True
             self.on_stuck()
             self.release.wait(timeout=5)  # bounded: the test fails, not hangs, on the loop
@@ -293,3 +301,60 @@ async def test_close_shuts_nvml_down_after_the_last_sample() -> None:
     assert nvml.shutdowns == 1
     worker.thread.join(timeout=10)
     assert not worker.thread.is_alive()
+
+
+class WatchedSampler(NvmlSampler):
+    """Wakes ``changed`` at each new reading (``latest`` is set on the event loop)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.changed = asyncio.Event()
+        super().__init__(*args, **kwargs)
+
+    @property  # type: ignore[override]
+    def latest(self) -> list[GpuSample]:
+        return self._latest
+
+    @latest.setter
+    def latest(self, samples: list[GpuSample]) -> None:
+        self._latest = samples
+        self.changed.set()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        async with asyncio.timeout(10):
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+def gpu_series(samples: list[GpuSample]) -> dict[str, float]:
+    text = render(collect([], samples, {})).decode()
+    return {s.name: s.value for family in text_string_to_metric_families(text)
+            for s in family.samples if s.labels.get("gpu") == "cuda0"}
+
+
+async def test_a_reading_is_reported_stale_while_the_sample_after_it_is_stuck() -> None:
+    loop = asyncio.get_running_loop()
+    stuck = asyncio.Event()
+    nvml = StuckNvml(stuck_at=2, on_stuck=lambda: loop.call_soon_threadsafe(stuck.set))
+    sampler = WatchedSampler(nvml, interval_s=0.001, cuda_uuids=lambda: [_bare(UUIDS[0])],
+                             close_timeout_s=0.05, stale_after_s=0.3)
+    sampler.start()
+    worker = sampler._thread
+    assert worker is not None
+    try:
+        await sampler.until(lambda: bool(sampler.latest))  # the first sample, read
+        (reading,) = sampler.latest
+        assert not reading.stale and reading.temperature_c == 61
+        assert gpu_series(sampler.latest)["evenflow_gpu_telemetry_stale"] == 0.0
+        async with asyncio.timeout(10):  # the second, stuck
+            await stuck.wait()
+        await sampler.until(lambda: sampler.latest[0].stale)
+        # Its values are left out, not exported as if current: a gap, and the flag says why.
+        assert gpu_series(sampler.latest) == {"evenflow_gpu_telemetry_stale": 1.0}
+        nvml.release.set()
+        await sampler.until(lambda: not sampler.latest[0].stale)
+        assert "nv_gpu_utilization" in gpu_series(sampler.latest)
+    finally:
+        nvml.release.set()
+        await sampler.close()
+        worker.thread.join(timeout=10)
