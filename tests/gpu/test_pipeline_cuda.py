@@ -19,7 +19,7 @@ from evenflow.server.models.builtin import build_encoder, build_mlp
 from evenflow.server.models.repository import BuiltinOptions
 from evenflow.server.models.spec import ModelDefinition
 from evenflow.server.workers.devices import parse_devices
-from evenflow.server.workers.pipeline.layers import split_into_layers
+from evenflow.server.workers.pipeline.layers import layer_costs_s, split_into_layers
 from evenflow.server.workers.pipeline.worker import PipelineWorker
 from evenflow.server.workers.replica_module import copied_to
 from evenflow.server.workers.thread_host import build_thread_worker
@@ -151,3 +151,24 @@ def test_each_device_profiles_its_own_row() -> None:
     cpu_row, cuda_row = worker.stage_layer_costs_s
     assert len(cpu_row) == len(cuda_row) == 7
     assert cpu_row != cuda_row  # measured on each device, not copied from the first
+
+
+def test_profiling_waits_for_its_own_work_not_other_replicas_batches() -> None:
+    """Another replica's long batch, queued on its own (pool, non-blocking) stream: the layer
+    costs are the layers', not the wait for that batch, as a device-wide sync made them."""
+    device = torch.device("cuda:0")
+    definition = build_mlp()
+    layers = split_into_layers(definition.module)
+    busy = torch.randn(4096, 4096, device=device)
+    other = torch.cuda.Stream(device)
+    started, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(other):
+        started.record(other)
+        for _ in range(200):  # a batch of several hundred ms on any current GPU
+            busy = busy @ busy
+            busy = busy / busy.norm()
+        ended.record(other)
+    costs = layer_costs_s(definition, layers, [device], [torch.float32], batch=8, repeats=1)
+    ended.synchronize()
+    busy_s = started.elapsed_time(ended) / 1000.0
+    assert sum(costs[0]) < busy_s / 4, (costs, busy_s)

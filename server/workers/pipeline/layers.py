@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from evenflow.server.models.spec import ModelDefinition, SimProfile
+from evenflow.server.workers.cuda_sync import blocking_event, wait_for_stream
 from evenflow.server.workers.replica_module import copied_to, runs_unchanged, settled
 from evenflow.server.workers.tracing import example_inputs
 
@@ -90,6 +91,10 @@ def _measure_on(definition: ModelDefinition, layers: Sequence[torch.nn.Module],
     if example is None:
         raise ValueError("cannot profile layers: inputs have variable non-batch dimensions")
     costs = []
+    # Each run is waited for on this thread's stream alone: a device-wide synchronize would
+    # also wait for other replicas' batches queued on the device (their streams are from
+    # torch's pool, non-blocking, so this stream's kernels are not ordered after theirs).
+    done = blocking_event() if device.type == "cuda" else None
     with torch.inference_mode():
         activations: tuple[torch.Tensor, ...] = tuple(example)
         for layer in layers:
@@ -99,8 +104,8 @@ def _measure_on(definition: ModelDefinition, layers: Sequence[torch.nn.Module],
             for _ in range(repeats + 1):
                 start = time.perf_counter()
                 out = here(*activations)
-                if device.type == "cuda":
-                    torch.cuda.synchronize(device)
+                if done is not None:
+                    wait_for_stream(torch.cuda.current_stream(device), done)
                 best = min(best, time.perf_counter() - start)
             costs.append(best)
             activations = out if isinstance(out, tuple) else (out,)
