@@ -36,8 +36,10 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory
         return server
 
     yield factory
+    for server in servers:  # all at once: each shutdown waits out its own drain
+        server.stop()
     for server in servers:
-        code = server.terminate()
+        code = server.exited()
         assert code == 0, server.log()[-3000:]
 
 

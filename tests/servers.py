@@ -70,9 +70,18 @@ class ServerProcess:
                 return line.split("http://", 1)[1].split()[0]
         raise AssertionError(f"the server printed no HTTP address: {self.banner}")
 
-    def terminate(self, timeout_s: float = 30.0) -> int:
+    def stop(self) -> None:
+        """Ask it to shut down (one SIGTERM: a second one would cut its grace short)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        """``stop``, then its exit code once it has exited."""
+        self.stop()
+        return self.exited(timeout_s)
+
+    def exited(self, timeout_s: float = 30.0) -> int:
+        """The exit code, once the process (already stopped) has exited."""
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -1,27 +1,41 @@
 """A closed loop (clients that wait for their answers) against ``evenflow serve`` with no
 admission flags is queued, not refused: 128 clients on ``mlp`` on the CPU and on four uneven sim
-devices, from a cold start, in every server mode."""
+devices, from a cold start, in every server mode; then perf_analyzer's closed loop, which stops
+at its first refusal, against the same server."""
 
 from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
 
 import pytest
 
 from tests.integration.load import Load
+from tests.servers import ServerProcess, perf_analyzer_command
 
 # slow, timing: subprocess servers under 128 clients; admission by time.
 pytestmark = [pytest.mark.slow, pytest.mark.timing,
               pytest.mark.timeout(120), pytest.mark.usefixtures("server_mode")]
 
 CLIENTS = 128
+# Served with no admission flags: the defaults must queue a closed loop, not refuse it.
 SERVERS = {
     "mlp": ("--model", "mlp", "--devices", "cpu"),
     "sim": ("--model", "sim", "--devices", "sim:1,sim:1,sim:0.5,sim:0.25"),
 }
 
 
-@pytest.mark.parametrize("model", list(SERVERS))
-async def test_a_closed_loop_of_128_clients_sees_no_refusal(server_factory, model: str) -> None:
-    server = server_factory(*SERVERS[model])
+@pytest.fixture(scope="module", params=list(SERVERS))
+def served(request: pytest.FixtureRequest,
+           server_factory: Callable[..., ServerProcess]) -> tuple[str, ServerProcess]:
+    """The model and its server, shared by this module's tests (the closed loop first: its
+    server starts cold)."""
+    return request.param, server_factory(*SERVERS[request.param])
+
+
+async def test_a_closed_loop_of_128_clients_sees_no_refusal(
+        served: tuple[str, ServerProcess]) -> None:
+    model, server = served
     async with Load(server.url, CLIENTS, model) as load:
         # Ten answers a client on average: the cold start, the first bursts and steady state.
         await load.until(lambda: sum(load.ok.values()) >= 10 * CLIENTS or bool(load.errors),
@@ -29,3 +43,24 @@ async def test_a_closed_loop_of_128_clients_sees_no_refusal(server_factory, mode
     assert load.errors == []
     assert load.answered()
     assert all(load.ok[i] for i in range(CLIENTS))  # every client was served
+
+
+@pytest.mark.perf_analyzer
+@pytest.mark.timeout(150)
+def test_perf_analyzer_runs_to_the_end_against_default_admission(
+        served: tuple[str, ServerProcess]) -> None:
+    """Each concurrency a separate short run; the stability window is wide (-s 400: the last
+    three windows within 4x) as this checks that no run stops at a refusal, not the numbers."""
+    command = perf_analyzer_command()
+    if command is None:
+        pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
+    model, server = served
+    for concurrency in (1, 32, 128):  # its default, then past the balancer's batch sizes
+        run = subprocess.run(
+            [*command, "-i", "grpc", "-u", server.url, "-m", model, "--shape", "x:256",
+             "--concurrency-range", f"{concurrency}:{concurrency}",
+             "--measurement-interval", "500", "-s", "400", "-r", "6"],
+            check=False, capture_output=True, text=True, timeout=30)
+        assert run.returncode == 0, (f"concurrency {concurrency}: " + run.stdout[-3000:]
+                                     + run.stderr[-3000:])
+        assert f"Concurrency: {concurrency}, throughput" in run.stdout

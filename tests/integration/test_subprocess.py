@@ -65,37 +65,6 @@ def test_perf_analyzer_completes(mlp_server) -> None:
     assert "Server:" in run.stdout  # it read our ModelStatistics for the server breakdown
 
 
-# Served with no admission flags: the defaults must queue a closed loop, not refuse it
-# (perf_analyzer stops at its first RESOURCE_EXHAUSTED).
-DEFAULT_ADMISSION_SERVERS = {
-    "mlp": ("--model", "mlp", "--devices", "cpu"),
-    "sim": ("--model", "sim", "--devices", "sim:1,sim:1,sim:0.5,sim:0.25"),
-}
-
-
-@in_every_mode
-@pytest.mark.perf_analyzer
-@pytest.mark.timeout(150)
-@pytest.mark.parametrize("model", list(DEFAULT_ADMISSION_SERVERS))
-def test_perf_analyzer_runs_to_the_end_against_default_admission(server_factory,
-                                                                 model: str) -> None:
-    """Each concurrency a separate short run; the stability window is wide (-s 400: the last
-    three windows within 4x) as this checks that no run stops at a refusal, not the numbers."""
-    command = perf_analyzer_command()
-    if command is None:
-        pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
-    server = server_factory(*DEFAULT_ADMISSION_SERVERS[model])
-    for concurrency in (1, 32, 128):  # its default, then past the balancer's batch sizes
-        run = subprocess.run(
-            [*command, "-i", "grpc", "-u", server.url, "-m", model, "--shape", "x:256",
-             "--concurrency-range", f"{concurrency}:{concurrency}",
-             "--measurement-interval", "500", "-s", "400", "-r", "6"],
-            check=False, capture_output=True, text=True, timeout=30)
-        assert run.returncode == 0, (f"concurrency {concurrency}: " + run.stdout[-3000:]
-                                     + run.stderr[-3000:])
-        assert f"Concurrency: {concurrency}, throughput" in run.stdout
-
-
 def test_sync_client(mlp_server) -> None:
     x = np.random.default_rng(3).standard_normal((4, 256)).astype(np.float32)
     with Client(mlp_server.url) as client:
