@@ -40,7 +40,6 @@ from evenflow.server.workers.hosted import BatchReply, HostedWorker, worker_stat
 from evenflow.server.workers.ray_resources import (
     SIM_RESOURCE,
     ActorResources,
-    GpuClaims,
     RayPlacement,
     actor_devices,
     actor_resources,
@@ -84,7 +83,6 @@ def disconnect() -> None:
         ray.shutdown()
         _started_here[0] = False
     _pins.forget()
-    _claims.forget()
 
 
 class PlacementTimeout(RuntimeError):
@@ -124,7 +122,6 @@ class _GpuPins:
 
 
 _pins = _GpuPins()
-_claims = GpuClaims()
 
 
 class ReplicaActor:
@@ -191,7 +188,6 @@ class RayWorker(HostedWorker):
         self._placement = placement
         self._actor: Any = None
         self._pinned: str | None = None  # the cuda device whose placement group we hold
-        self._claimed = False  # our devices are in ``_claims``
 
     @property
     def actor(self) -> Any:
@@ -212,10 +208,6 @@ class RayWorker(HostedWorker):
         if wants.resources:
             options["resources"] = dict(wants.resources)
         what = ""
-        if not self._claimed:  # held until close (a restart places on the same devices)
-            _claims.claim(self, self._name, wants,
-                          [d.name for d in self._spec.devices if d.kind == "cuda"])
-            self._claimed = True
         if wants.pinned_gpu is not None:
             if self._pinned is None:  # held until close (a restart places into it again)
                 _pins.acquire(wants.pinned_gpu)
@@ -302,9 +294,6 @@ class RayWorker(HostedWorker):
         if self._pinned is not None:
             _pins.release(self._pinned)
             self._pinned = None
-        if self._claimed:
-            _claims.release(self)
-            self._claimed = False
 
     async def _kill(self) -> None:
         actor, self._actor = self._actor, None

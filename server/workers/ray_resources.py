@@ -9,8 +9,7 @@ the actor: pure arithmetic (no Ray import), so that it is testable and readable 
   sized to the models known (1 / N) ran out when a reload built its new replica beside the old
   ones, or a model loaded later joined N others, and the new actor waited for the placement
   timeout. A replica spanning several GPUs (a pipeline) asks whole GPUs: Ray hands out
-  fractions only below one GPU, and an actor uses one bundle. Such a replica cannot share a
-  GPU with replicas on that GPU alone (``GpuClaims`` refuses it at once).
+  fractions only below one GPU.
 - ``cpu``: one CPU per device (a cpu device computes on its core).
 - ``sim``: a small CPU share (a simulated device only sleeps). Not ``num_cpus=0``: a zero
   request fits every node, including a head started with ``--num-cpus 0`` to keep work off it;
@@ -21,7 +20,7 @@ the actor: pure arithmetic (no Ray import), so that it is testable and readable 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from evenflow.server.workers.devices import DeviceSpec
@@ -66,64 +65,6 @@ def actor_resources(devices: Sequence[DeviceSpec],
     if len(cuda) == 1:
         return ActorResources(num_cpus, GPU_SHARE, resources, cuda[0].name)
     return ActorResources(num_cpus, float(len(cuda)), resources)
-
-
-class GpuClaimConflict(RuntimeError):
-    """A replica's actor would share a GPU in a way Ray cannot place (``GpuClaims``)."""
-
-
-class GpuClaims:
-    """How this server's actors hold each cuda device: shared, by replicas on that device alone
-    (inside its placement group, which reserves the whole GPU), or whole, by a replica that
-    spans several GPUs (a pipeline: Ray hands out fractions only below one GPU, and an actor
-    uses one placement-group bundle, so it asks whole GPUs outside the devices' groups). The
-    two cannot meet on one device: the group and the whole-GPU ask would each wait for the
-    other's GPU until the placement timeout. A claim that would mix them is refused at once,
-    naming the replica in the way. ``owner``: the worker (a reload builds a replica of the
-    same name beside the old one)."""
-
-    def __init__(self) -> None:
-        self._shared: dict[str, dict[Hashable, str]] = {}  # device -> owner -> replica name
-        self._whole: dict[str, tuple[Hashable, str]] = {}  # device -> (owner, replica name)
-
-    def claim(self, owner: Hashable, replica: str, resources: ActorResources,
-              cuda_devices: Sequence[str]) -> None:
-        """Record ``owner``'s hold on its cuda devices; raises ``GpuClaimConflict`` when
-        another replica holds one of them the other way."""
-        if resources.pinned_gpu is not None:
-            device = resources.pinned_gpu
-            if device in self._whole:
-                raise _conflict(replica, device, self._whole[device][1], "whole")
-            self._shared.setdefault(device, {})[owner] = replica
-            return
-        for device in cuda_devices:
-            if device in self._whole and self._whole[device][0] != owner:
-                raise _conflict(replica, device, self._whole[device][1], "whole")
-            if sharers := self._shared.get(device):
-                raise _conflict(replica, device, min(sharers.values()), "shared")
-        for device in cuda_devices:
-            self._whole[device] = (owner, replica)
-
-    def release(self, owner: Hashable) -> None:
-        for device in [d for d, (holder, _) in self._whole.items() if holder == owner]:
-            del self._whole[device]
-        for device, sharers in list(self._shared.items()):
-            sharers.pop(owner, None)
-            if not sharers:
-                del self._shared[device]
-
-    def forget(self) -> None:
-        """After a shutdown: the actors went with the Ray session."""
-        self._shared.clear()
-        self._whole.clear()
-
-
-def _conflict(replica: str, device: str, holder: str, how: str) -> GpuClaimConflict:
-    return GpuClaimConflict(
-        f"replica {replica} cannot be placed on {device} under --workers ray: replica {holder} "
-        f"holds it {how}, and Ray cannot give one GPU both to replicas on it alone (which "
-        f"share it) and to a replica spanning several GPUs (which asks them whole); give the "
-        f"pipeline GPUs of its own")
 
 
 def actor_devices(devices: Sequence[DeviceSpec]) -> tuple[DeviceSpec, ...]:

@@ -3,15 +3,11 @@ Ray needed)."""
 
 from __future__ import annotations
 
-import pytest
-
 from evenflow.server.workers.devices import parse_devices
 from evenflow.server.workers.ray_resources import (
     GPU_SHARE,
     SIM_CPU_SHARE,
     SIM_RESOURCE,
-    GpuClaimConflict,
-    GpuClaims,
     actor_devices,
     actor_resources,
     placement_report,
@@ -78,37 +74,3 @@ def test_the_report_names_the_replica_its_request_and_the_cluster() -> None:
     busy = placement_report("m@cpu2", {"CPU": 1.0}, {"CPU": 2.0}, {"CPU": 0.0},
                             [{"CPU": 1.0}, {"CPU": 1.0}])
     assert "CPU 0 free of 2" in busy and "a node has that much: the actor is starting" in busy
-
-
-def claim(claims: GpuClaims, owner: str, devices: str) -> None:
-    specs = parse_devices(devices)
-    claims.claim(owner, f"m@{devices}", actor_resources(specs),
-                 [d.name for d in specs if d.kind == "cuda"])
-
-
-def test_a_pipeline_and_single_gpu_replicas_on_one_gpu_are_refused_at_once_either_way() -> None:
-    """The device's placement group reserves its GPU whole, and a pipeline asks whole GPUs
-    outside it: whichever came second waited out the placement timeout."""
-    claims = GpuClaims()
-    claim(claims, "single", "cuda:1")
-    with pytest.raises(GpuClaimConflict, match=r"on cuda1 .* m@cuda:1 holds it shared"):
-        claim(claims, "pipeline", "cuda:0,cuda:1")
-    claim(claims, "pipeline", "cuda:2,cuda:3")  # GPUs of its own: fine
-    with pytest.raises(GpuClaimConflict, match=r"on cuda3 .* m@cuda:2,cuda:3 holds it whole"):
-        claim(claims, "other", "cuda:3")
-    with pytest.raises(GpuClaimConflict, match="holds it whole"):
-        claim(claims, "other pipeline", "cuda:3,cuda:4")
-    claims.release("pipeline")
-    claim(claims, "other", "cuda:3")  # free again once the pipeline closed
-
-
-def test_replicas_sharing_a_gpu_hold_it_until_the_last_closes() -> None:
-    claims = GpuClaims()
-    claim(claims, "old", "cuda:0")
-    claim(claims, "reload", "cuda:0")  # a reload's replica, beside the old one
-    claims.release("old")
-    with pytest.raises(GpuClaimConflict):
-        claim(claims, "pipeline", "cuda:0,cuda:1")
-    claims.release("reload")
-    claim(claims, "pipeline", "cuda:0,cuda:1")
-    claim(claims, "pipeline", "cuda:0,cuda:1")  # a restart claims its own devices again
