@@ -21,7 +21,7 @@ from evenflow.balancer.errors import (
     ShuttingDown,
     WorkerLost,
 )
-from evenflow.balancer.job import Clock, Job, Worker
+from evenflow.balancer.job import Clock, Job, Worker, unrun
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.parking import ParkingLot
 from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
@@ -138,8 +138,8 @@ class ModelBalancer:
         replica is in routing (then nothing is parked), every parked request fails."""
         self._expected = False
         if not self._in_service:
-            self._parking.fail_all(WorkerLost(
-                reason or f"model {self.model_name!r}: its replica failed to load"))
+            self._parking.fail_all(unrun(
+                WorkerLost, reason or f"model {self.model_name!r}: its replica failed to load"))
 
     async def remove_replica(self, worker: Worker) -> None:
         """The replica of ``worker`` leaves, as in ``remove_device`` (the placer moves one
@@ -244,7 +244,7 @@ class ModelBalancer:
         ``shape_key``: requests share a batch only with requests of the same key (their
         non-batch shapes); None for models whose shapes are fixed."""
         if self._closing:
-            raise ShuttingDown(f"model {self.model_name!r} is shutting down")
+            raise ShuttingDown(f"model {self.model_name!r} is shutting down", not_run=True)
         if num_samples > self.config.max_batch:
             raise InvalidRequest(f"batch of {num_samples} exceeds max batch size "
                                  f"{self.config.max_batch} of model {self.model_name!r}")
@@ -288,7 +288,7 @@ class ModelBalancer:
         if not self.routable:
             raise WorkerLost(f"model {self.model_name!r} has no replica in service "
                              + ("(all are restarting)" if self._replicas else
-                                "(none is placed, and none is being loaded)"))
+                                "(none is placed, and none is being loaded)"), not_run=True)
         limit = self.config.max_queued_requests
         parked = len(self._parking)
         if parked >= limit:
@@ -454,9 +454,10 @@ class ModelBalancer:
         ``drain`` first)."""
         self._closing = True
         self._expected = False
-        self._parking.fail_all(ShuttingDown(f"model {self.model_name!r} shut down"))
+        shut = unrun(ShuttingDown, f"model {self.model_name!r} shut down")
+        self._parking.fail_all(shut)
         for queue in self._queues:
-            queue.fail_all(ShuttingDown(f"model {self.model_name!r} shut down"))
+            queue.fail_all(shut)
         for replica in self._replicas:
             await replica.stop()
         for replica in self._replicas:

@@ -33,7 +33,16 @@ class ErrorCode(enum.Enum):
 
 
 class EvenflowError(Exception):
+    """``not_run``: raised before the request reached a worker (refused as it arrived, or
+    dropped from a queue or a parking lot), so nothing of it ran and a client may send it
+    again; an error after its batch started (a lost worker, a cancelled batch) may follow a
+    run, and is not marked."""
+
     code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, *args: object, not_run: bool = False) -> None:
+        super().__init__(*args)
+        self.not_run = not_run
 
 
 class ModelNotFound(EvenflowError):

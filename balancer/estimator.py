@@ -23,6 +23,19 @@ PRIOR_PER_SAMPLE_S = 0.0002
 MIN_BATCH_S = 1e-6
 
 
+def floored_prior(base_s: float, per_sample_s: float) -> tuple[float, float]:
+    """A starting guess of ``a`` and ``c`` that prices a batch at ``MIN_BATCH_S`` at least:
+    one of no cost at all (a configuration's zeros, a simulated model that only measures the
+    server around it) becomes a batch at the floor, all of it fixed. Every reader divides by
+    batch time, and scaling the prior needs a cost. Raises ValueError for a negative one."""
+    if base_s < 0.0 or per_sample_s < 0.0:
+        raise ValueError(f"a prior's costs must be >= 0, not {base_s} s + {per_sample_s} s "
+                         "per sample")
+    if base_s + per_sample_s < MIN_BATCH_S:
+        return MIN_BATCH_S, per_sample_s
+    return base_s, per_sample_s
+
+
 @dataclass(frozen=True, slots=True)
 class LatencyFit:
     """``reliable``: the fit's predictions are trusted at every batch size (measured at two
@@ -62,12 +75,7 @@ class LatencyModel:
                  forgetting: float = 0.95, min_weight: float = 3.0) -> None:
         if not 0.0 < forgetting < 1.0:
             raise ValueError("forgetting must be in (0, 1)")
-        if prior_base_s < 0.0 or prior_per_sample_s < 0.0:
-            raise ValueError("the prior's costs must be >= 0")
-        # A prior of no cost at all (a configuration's zeros) is a batch at the floor, all of
-        # it fixed: every reader divides by batch time, and scaling the prior needs a cost.
-        if prior_base_s + prior_per_sample_s < MIN_BATCH_S:
-            prior_base_s = MIN_BATCH_S
+        prior_base_s, prior_per_sample_s = floored_prior(prior_base_s, prior_per_sample_s)
         self._prior = LatencyFit(prior_base_s, prior_per_sample_s, reliable=False)
         self._forgetting = forgetting
         self._min_weight = min_weight

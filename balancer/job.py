@@ -9,8 +9,11 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from evenflow.balancer.errors import EvenflowError
+
 Clock = Callable[[], float]
 """Monotonic seconds; ``time.monotonic`` in production, a fake in tests."""
+
 
 
 @dataclass(slots=True, eq=False)
@@ -127,3 +130,9 @@ class SingleDeviceWorker:
 
     async def set_device_fault(self, device: str, fault: str, count: int) -> None:
         raise KeyError(device)
+
+
+def unrun(kind: type[EvenflowError], message: str) -> Callable[[Job], EvenflowError]:
+    """The error a job fails with before it reaches a worker: marked ``not_run`` unless the
+    job already ran once (it waits to be re-run after its worker was lost)."""
+    return lambda job: kind(message, not_run=job.attempts == 0)

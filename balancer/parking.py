@@ -7,6 +7,7 @@ import asyncio
 import functools
 import math
 from collections import Counter
+from collections.abc import Callable
 
 from evenflow.balancer.errors import DeadlineExceeded
 from evenflow.balancer.job import Job
@@ -47,10 +48,10 @@ class ParkingLot:
         self._clear()
         return jobs
 
-    def fail_all(self, error: BaseException) -> None:
-        jobs = self.release()
-        for job in jobs:
-            job.future.set_exception(error)
+    def fail_all(self, error_of: Callable[[Job], BaseException]) -> None:
+        """Fail every parked job with ``error_of(job)``."""
+        for job in self.release():
+            job.future.set_exception(error_of(job))
 
     async def wait_empty(self) -> None:
         """Return once no job is parked (released, expired, failed or given up by its caller)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections import Counter, deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 from evenflow.balancer.errors import DeadlineExceeded
 from evenflow.balancer.job import Job
@@ -163,12 +163,13 @@ class JobQueue:
             else:
                 del self._shapes[key]
 
-    def fail_all(self, error: BaseException) -> None:
+    def fail_all(self, error_of: Callable[[Job], BaseException]) -> None:
+        """Fail every queued job with ``error_of(job)``."""
         for jobs in self._levels:
             while jobs:
                 job = jobs.popleft()
                 if not job.future.done():
-                    job.future.set_exception(error)
+                    job.future.set_exception(error_of(job))
         self._count = 0
         self.num_samples = 0
         self._shapes.clear()

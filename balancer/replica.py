@@ -521,7 +521,9 @@ class Replica:
         try:
             await self._execute(first)
         except asyncio.CancelledError:
-            self._fail(second, ShuttingDown(f"{self.name} stopped while running the batch"))
+            # The second half has not run: only waited for the first.
+            self._fail(second, ShuttingDown(f"{self.name} stopped while running the batch",
+                                            not_run=all(job.attempts == 0 for job in second)))
             raise
         if self._lost_since(losses):
             self._hand_over(second)

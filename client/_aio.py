@@ -13,7 +13,7 @@ import numpy as np
 from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import AsyncGrpcTransport
 from evenflow.client._http_aio import AsyncHttpTransport
-from evenflow.client._retry import Retries, not_delivered
+from evenflow.client._retry import Retries, marked_not_run
 from evenflow.client._transport import AsyncTransport
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
@@ -93,7 +93,7 @@ class AsyncClient:
                                               left_s)
             return await self._transport.infer(model, request, left_s)
 
-        return await self._retries.acall(attempt, timeout_s, not_delivered)
+        return await self._retries.acall(attempt, timeout_s, marked_not_run)
 
     def stream_infer(self, model: str, inputs: AsyncIterable[Inputs] | Iterable[Inputs], *,
                      outputs: Sequence[str] | None = None,

@@ -20,6 +20,7 @@ from evenflow.client._retry import not_run
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
 from evenflow.client.errors import InferenceServerError, error_for
+from evenflow.proto import metadata
 
 # The body's size is checked before it is read, so urllib3 must not have read it already.
 _STREAMED = {"preload_content": False, "retries": False, "redirect": False}
@@ -105,7 +106,8 @@ class HttpTransport:
         if len(data) > self._max_bytes:
             raise too_large(len(data), self._max_bytes)
         return Answer(response.status, data, response.headers.get(rest.HEADER_LENGTH),
-                      response.reason or "", response.headers.get(rest.STATUS_HEADER))
+                      response.reason or "", response.headers.get(rest.STATUS_HEADER),
+                      metadata.MAY_RESEND in response.headers)
 
     def prepare(self, model: str, inputs: Inputs, outputs: Sequence[str] | None,
                 request_id: str | None, priority: int | None,

@@ -18,6 +18,7 @@ from evenflow.client._retry import not_run
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
 from evenflow.client.errors import error_for
+from evenflow.proto import metadata
 
 
 def http_session(base_url: str, max_connections: int,
@@ -62,7 +63,8 @@ class AsyncHttpTransport:
                     raise too_large(size, self._max_bytes)
                 data = await response.read()
                 return Answer(response.status, data, response.headers.get(rest.HEADER_LENGTH),
-                              response.reason or "", response.headers.get(rest.STATUS_HEADER))
+                              response.reason or "", response.headers.get(rest.STATUS_HEADER),
+                      metadata.MAY_RESEND in response.headers)
         except TimeoutError as exc:  # aiohttp's total covers the wait for a free connection
             raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED,
                             f"no answer from {self._base_url} within {timeout_s} s") from exc

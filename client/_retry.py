@@ -8,14 +8,15 @@ backoff that would end past the deadline ends the retries with the last UNAVAILA
 other failure is raised at once; refusals (RESOURCE_EXHAUSTED) are not retried: the server
 measured that it cannot answer in time.
 
-An infer request is not idempotent (a second run costs the server a second batch share), so it
-is sent again only where the server cannot have run it (``not_run``): the connection was never
-made (refused, no route, a name that does not resolve), or the server answered UNAVAILABLE
-itself (over HTTP any 503 that is no refusal; over gRPC one that carries evenflow's
-``proto/metadata.MAY_RESEND``: gRPC says UNAVAILABLE for a lost connection too). A connection
-lost after the request went out (reset, closed before the answer) is raised at once, not
-retried: the server may have run the request. Health, readiness and metadata calls only read,
-and are retried on any UNAVAILABLE."""
+An infer request is not idempotent (a second run costs the server a second batch share, and a
+request that crashed its worker would crash another), so it is sent again only where the
+server cannot have run it (``not_run``): the call never left the client (no connection was
+made, or the name did not resolve), or evenflow's server answered UNAVAILABLE for a request it
+had not started (draining, no replica in service, dropped from a queue at shutdown), which it
+marks ``evenflow-may-resend`` (gRPC trailing metadata, an HTTP header; ``proto/metadata.py``).
+An UNAVAILABLE without the mark (a connection lost after the request went out, a worker lost
+while running it, another server's) is raised at once: the server may have run the request.
+Health, readiness and metadata calls only read, and are retried on any UNAVAILABLE."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ _NOT_RUN: weakref.WeakSet[InferenceServerError] = weakref.WeakSet()
 
 def not_run(error: E) -> E:
     """``error``, marked as one after which the server cannot have run the request (no
-    connection was made, or the server refused it itself), so that sending the request again
-    cannot run it twice."""
+    connection was made, or the server said so), so that sending it again cannot run it
+    twice."""
     _NOT_RUN.add(error)
     return error
 
@@ -52,10 +53,9 @@ def any_unavailable(error: ServerUnavailableError) -> bool:
     return True
 
 
-def not_delivered(error: ServerUnavailableError) -> bool:
-    """An infer: retried only if the server cannot have run it: marked ``not_run``, or an HTTP
-    answer (``http_status``), which the server sends only for a request it did not run."""
-    return error.http_status is not None or error in _NOT_RUN
+def marked_not_run(error: ServerUnavailableError) -> bool:
+    """An infer: retried only if the server cannot have run it (``not_run``)."""
+    return error in _NOT_RUN
 
 
 class _Deadline:
@@ -74,7 +74,7 @@ class _Schedule:
         self._deadline = _Deadline(timeout_s, retries.clock)
         self.left_s = timeout_s  # the first attempt gets ``timeout_s`` itself
         self._retries_left = retries.retries
-        self._wait_s = retries.backoff_s
+        self._next_wait_s = retries.backoff_s
         self._last: ServerUnavailableError | None = None
 
     def wait_s(self, error: ServerUnavailableError, resend: Resend) -> float:
@@ -82,11 +82,11 @@ class _Schedule:
         not sent again (no retries left, not ``resend``, or the wait outlasts the deadline)."""
         left_s = self._deadline.left_s()
         if (self._retries_left == 0 or not resend(error)
-                or (left_s is not None and left_s <= self._wait_s)):
+                or (left_s is not None and left_s <= self._next_wait_s)):
             raise error
         self._retries_left -= 1
         self._last = error
-        wait_s, self._wait_s = self._wait_s, self._wait_s * 2
+        wait_s, self._next_wait_s = self._next_wait_s, self._next_wait_s * 2
         return wait_s
 
     def woke(self) -> None:

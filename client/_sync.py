@@ -13,7 +13,7 @@ import numpy as np
 from evenflow.client._endpoint import Protocol, open_transport
 from evenflow.client._grpc import GrpcTransport
 from evenflow.client._http import HttpTransport
-from evenflow.client._retry import Retries, not_delivered
+from evenflow.client._retry import Retries, marked_not_run
 from evenflow.client._transport import Transport
 from evenflow.client._types import ChannelOptions, Inputs, ModelMetadata, StreamResult
 from evenflow.client.credentials import Credentials
@@ -79,7 +79,7 @@ class Client:
                                               left_s)
             return self._transport.infer(model, request, left_s)
 
-        return self._retries.call(attempt, timeout_s, not_delivered)
+        return self._retries.call(attempt, timeout_s, marked_not_run)
 
     def stream_infer(self, model: str, inputs: Iterable[Inputs], *,
                      outputs: Sequence[str] | None = None,

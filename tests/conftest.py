@@ -38,8 +38,8 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory
     yield factory
     for server in servers:  # all at once: each shutdown waits out its own drain
         server.stop()
-    for server in servers:
-        code = server.exited()
+    codes = [server.exited() for server in servers]  # every one reaped before any assert
+    for server, code in zip(servers, codes, strict=True):
         assert code == 0, server.log()[-3000:]
 
 

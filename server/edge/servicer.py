@@ -31,6 +31,7 @@ from evenflow.proto import grpc_service_pb2_grpc as pb_grpc
 from evenflow.server.edge import codec, shapes
 from evenflow.server.edge.decoding import Undecodable
 from evenflow.server.edge.status import (
+    abort,
     abort_with,
     internal_error,
     status_of,
@@ -226,12 +227,10 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         except EvenflowError as exc:
             self._count_failure(request, exc)
             await abort_with(context, exc)
-            raise  # unreachable: abort raises
         except Exception as exc:  # a server bug: INTERNAL, logged, and the server keeps serving
             internal = _internal_error(request, exc)
             self._count_failure(request, internal)
             await abort_with(context, internal)
-            raise  # unreachable: abort raises
 
     async def ModelStreamInfer(self,
                                request_iterator: AsyncIterator[pb.ModelInferRequest | Undecodable],
@@ -242,7 +241,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
         (``_InferStream``). A drain ends the stream with UNAVAILABLE once what it admitted
         is answered."""
         if self.draining:
-            await abort_with(context, _shutting_down())
+            await abort(context, grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
         self.track(context)
         stream = _InferStream(self, call_deadline_s(context))
         self._streams.add(stream)
@@ -259,7 +258,7 @@ class EdgeServicer(pb_grpc.GRPCInferenceServiceServicer):
                 elif reader.done() and not reader.cancelled() and reader.exception():
                     break  # reading failed: ``await reader`` ends the call with its error
             if not stream.requests_ended:  # drained while the client still sends
-                await abort_with(context, _shutting_down())
+                await abort(context, grpc.StatusCode.UNAVAILABLE, str(_shutting_down()))
             await reader
         finally:
             self._streams.discard(stream)
@@ -323,7 +322,7 @@ def submit_arrays(model: InferTarget, arrays: list[np.ndarray], num_samples: int
 
 
 def _shutting_down() -> ShuttingDown:
-    return ShuttingDown("the server is shutting down; send to another replica")
+    return ShuttingDown("the server is shutting down; send to another replica", not_run=True)
 
 
 def _internal_error(request: pb.ModelInferRequest | Undecodable,

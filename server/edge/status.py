@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 
@@ -33,17 +33,20 @@ def status_of(error: EvenflowError) -> grpc.StatusCode:
     return STATUS_OF[error.code]
 
 
-async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: str) -> None:
-    """End the call with ``code``; an UNAVAILABLE is marked as one the client may send again
-    (``proto/metadata.py``). Raises."""
-    if code is grpc.StatusCode.UNAVAILABLE:
-        context.set_trailing_metadata(_MAY_RESEND)
+async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode,
+                details: str) -> NoReturn:
+    """End the call with ``code`` and ``details``."""
     await context.abort(code, details)
+    raise AssertionError("unreachable: abort raises")
 
 
-async def abort_with(context: grpc.aio.ServicerContext, error: EvenflowError) -> None:
-    """End the call with ``error``'s status (``abort``). Raises."""
-    await abort(context, status_of(error), str(error))
+async def abort_with(context: grpc.aio.ServicerContext, error: EvenflowError) -> NoReturn:
+    """End the call with ``error``'s status; an UNAVAILABLE that did not run (``not_run``) is
+    marked as one the client may send again (``proto/metadata.py``)."""
+    code = status_of(error)
+    if error.not_run and code is grpc.StatusCode.UNAVAILABLE:
+        context.set_trailing_metadata(_MAY_RESEND)
+    await abort(context, code, str(error))
 
 
 def status_from_value(value: int) -> grpc.StatusCode:
@@ -85,6 +88,5 @@ def answers_errors(method: Method[Request, Response]) -> Method[Request, Respons
         except Exception as exc:
             error = internal_error(exc, f"{type(self).__name__}.{method.__name__}")
         await abort_with(context, error)
-        raise AssertionError("unreachable: abort raises")
 
     return answered

@@ -12,6 +12,7 @@ import torch
 from evenflow.balancer import EvenflowError, WorkerStatus
 from evenflow.balancer.capacity import DeviceCost, rate_within_per_s
 from evenflow.balancer.errors import ErrorCode
+from evenflow.balancer.estimator import floored_prior
 from evenflow.balancer.placement.auto import AutoStrategy
 from evenflow.balancer.placement.inventory import ModelProfile
 from evenflow.balancer.placement.placer import Placer, ReplicaLoader
@@ -40,12 +41,15 @@ class PlacementRefused(EvenflowError):
 
 def prior_cost(model: ModelConfig, definition: ModelDefinition) -> DeviceCost:
     """The batch cost at speed 1 before the model has run anywhere: a sim model's declared
-    one, else the balancer's prior."""
+    one, else the balancer's prior (floored, as the latency model floors it: the capacity
+    arithmetic divides by it)."""
     profile = model.sim_profile or (definition.sim_profile if model.source == "sim" else None)
     if profile is not None:
-        return DeviceCost(profile.base_ms / 1000.0, profile.per_sample_ms / 1000.0)
+        return DeviceCost(*floored_prior(profile.base_ms / 1000.0,
+                                         profile.per_sample_ms / 1000.0))
     assert model.balancer is not None  # resolved
-    return DeviceCost(model.balancer.prior_base_s, model.balancer.prior_per_sample_s)
+    return DeviceCost(*floored_prior(model.balancer.prior_base_s,
+                                     model.balancer.prior_per_sample_s))
 
 
 def served_dtype(device: DeviceSpec, dtype: str) -> torch.dtype:

@@ -199,8 +199,8 @@ def _gpu_families(samples: Iterable[GpuSample]) -> list[MetricFamily]:
     families = [(MetricFamily(name, "gauge", text), field, value)
                 for name, text, field, value in _GPU_METRICS]
     stale = MetricFamily(_GPU_STALE, "gauge",
-                         "1 while NVML has not answered for this GPU lately (its other "
-                         "metrics are left out meanwhile)")
+                         "1 while a sample is stuck in NVML and this GPU has not been read "
+                         "since (its other metrics are left out meanwhile)")
     for sample in samples:
         stale.add(1.0 if sample.stale else 0.0, gpu=sample.name)
         if sample.stale:

@@ -15,9 +15,10 @@ and is logged once.
 
 NVML calls can block for a long time on a GPU in a bad state (an Xid, fallen off the bus), so
 the sampler makes them on its own thread, one sample at a time, never on the event loop. A
-sample that has not returned within ``stale_after_s`` marks the last readings ``stale`` (the
-metrics leave their values out, the stats RPC and the devices page say so), logged once per
-stuck sample, until a sample returns. ``close()`` waits for a sample in progress only
+sample that has not returned within ``stale_after_s`` marks every GPU's last reading ``stale``
+(the GPUs are read one after another, so none is read again meanwhile; the metrics leave their
+values out, the stats RPC and the devices page say so), logged once per stuck sample with the
+GPU it is stuck on, until a sample returns. ``close()`` waits for a sample in progress only
 ``close_timeout_s``, then leaves its thread to finish it and shut NVML down after it (never
 while a call is in progress).
 """
@@ -76,6 +77,12 @@ _FIELDS = {"utilization": ("utilization",),
            "temperature": ("temperature_c",)}
 _ZERO = {"utilization": 0.0, "memory_used_bytes": 0, "memory_total_bytes": 0,
          "sm_clock_mhz": 0, "throttle_reasons": 0, "temperature_c": 0}
+
+
+def _unread(name: str) -> GpuSample:
+    """A GPU not read yet, while the first sample is stuck: no field, stale."""
+    values: dict[str, Any] = dict(_ZERO)
+    return GpuSample(name=name, unsupported=frozenset(_ZERO), stale=True, **values)
 
 
 def _memory(info: Any) -> dict[str, float]:
@@ -209,6 +216,7 @@ class NvmlSampler:
         self._close_timeout_s = close_timeout_s
         self._devices = self._named_handles(nvml, cuda_uuids)
         self._unsupported_logged: set[tuple[str, str]] = set()
+        self._reading = ""  # the GPU the sampler's thread is reading (or read last)
         self.latest: list[GpuSample] = []
         self._task: asyncio.Task[None] | None = None
         self._thread: _NvmlThread | None = None
@@ -268,7 +276,11 @@ class NvmlSampler:
         return [name for name, _ in self._devices]
 
     def sample(self) -> list[GpuSample]:
-        return [self._sample(name, handle) for name, handle in self._devices]
+        samples = []
+        for name, handle in self._devices:
+            self._reading = name  # for the log line, should this GPU's calls not return
+            samples.append(self._sample(name, handle))
+        return samples
 
     def _sample(self, name: str, handle: Any) -> GpuSample:
         values: dict[str, Any] = dict(_ZERO)
@@ -296,10 +308,12 @@ class NvmlSampler:
             try:
                 done, _ = await asyncio.wait({sample}, timeout=self._stale_after_s)
                 if not done:
-                    self.latest = [dataclasses.replace(s, stale=True) for s in self.latest]
-                    logger.warning("NVML: a sample has not returned in %.1f s (a GPU in a bad "
-                                   "state?); the last readings are reported stale until one "
-                                   "does", self._stale_after_s)
+                    # The GPUs are read one after another: none is read again until it returns.
+                    self.latest = [dataclasses.replace(s, stale=True) for s in self.latest] \
+                        or [_unread(name) for name in self.names]
+                    logger.warning("NVML: a sample has not returned in %.1f s, stuck on %s (a "
+                                   "GPU in a bad state?); every GPU's last reading is reported "
+                                   "stale until it does", self._stale_after_s, self._reading)
                 self.latest = await sample
             except Exception:
                 logger.exception("NVML sample failed")

@@ -268,8 +268,8 @@ class FrontendPool:
                                   request.deadline_s, request.priority, request.shape_key)
         except ModelNotFound as exc:
             # Sent before the front-end heard the drain, it arrives after the models closed.
-            error = ShuttingDown("the server is shutting down; send to another replica") \
-                if self._stopping else exc
+            error = ShuttingDown("the server is shutting down; send to another replica",
+                                 not_run=True) if self._stopping else exc
             self._send(identity, msg.Refused(request.id, to_wire(error)))
             return
         except EvenflowError as exc:

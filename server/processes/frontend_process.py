@@ -203,7 +203,6 @@ def forward_to_engine(link: EngineLink, edge: EdgeServicer) -> Forward:
                                                           call_deadline_s(context))
             except EvenflowError as exc:  # the engine is gone
                 await abort_with(context, exc)
-                raise  # unreachable: abort raises
             if code:
                 await abort(context, status_from_value(code), details)
             return response  # type: ignore[no-any-return]

@@ -161,6 +161,7 @@ def test_profiling_waits_for_its_own_work_not_other_replicas_batches() -> None:
     layers = split_into_layers(definition.module)
     busy = torch.randn(4096, 4096, device=device)
     other = torch.cuda.Stream(device)
+    other.wait_stream(torch.cuda.current_stream(device))  # ``busy`` was made on this one
     started, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(other):
         started.record(other)

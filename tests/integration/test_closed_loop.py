@@ -26,10 +26,11 @@ SERVERS = {
 
 
 @pytest.fixture(scope="module", params=list(SERVERS))
-def served(request: pytest.FixtureRequest,
+def served(request: pytest.FixtureRequest, server_mode: str,
            server_factory: Callable[..., ServerProcess]) -> tuple[str, ServerProcess]:
-    """The model and its server, shared by this module's tests (the closed loop first: its
-    server starts cold)."""
+    """The model and its server in ``server_mode`` (asked for, so that each mode gets a server
+    of its own), shared by this module's tests (the closed loop first: its server starts
+    cold)."""
     return request.param, server_factory(*SERVERS[request.param])
 
 

@@ -37,7 +37,7 @@ Tensor = pb.ModelInferRequest.InferInputTensor
 INVALID, NOT_FOUND, EXHAUSTED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                                  grpc.StatusCode.RESOURCE_EXHAUSTED)
 REFUSALS = {INVALID, NOT_FOUND, EXHAUSTED}
-EXAMPLES = 1000  # covers every mutation and its sub-kinds (derandomized: the same 1000)
+EXAMPLES = 1000  # derandomized: the same 1000, which cover every mutation (asserted below)
 RAW_EXAMPLES = 500
 
 

@@ -155,8 +155,9 @@ async def test_drain_waits_for_admitted_work_then_refuses_new(make_balancer) -> 
     drain = asyncio.create_task(balancer.drain())
     await settle()
     assert not drain.done()
-    with pytest.raises(ShuttingDown):
+    with pytest.raises(ShuttingDown) as refused:
         balancer.submit("b", 1)
+    assert refused.value.not_run  # refused as it came: safe to send elsewhere
     worker.release()
     await asyncio.wait_for(drain, timeout=5)
     assert future.result() == ("out", "a")
@@ -433,6 +434,7 @@ async def test_a_request_whose_workers_are_lost_twice_fails_unavailable(
     with pytest.raises(WorkerLost, match="lost twice") as info:
         await answer
     assert info.value.code is ErrorCode.UNAVAILABLE
+    assert not info.value.not_run  # it ran, twice: a client must not send it again blindly
 
 
 async def test_with_no_replica_in_service_requests_hear_unavailable(

@@ -45,7 +45,8 @@ class Refusing(pb_grpc.GRPCInferenceServiceServicer):
         self.deliveries += 1
         self.received.set()
         if self.mode == "marked":
-            await abort_with(context, ShuttingDown("the server is shutting down"))
+            await abort_with(context, ShuttingDown("the server is shutting down",
+                                                   not_run=True))
         if self.mode == "unmarked":
             await context.abort(grpc.StatusCode.UNAVAILABLE, "not ready")
         await asyncio.Event().wait()  # held: answered by the server's stop
@@ -92,13 +93,20 @@ async def test_an_unmarked_unavailable_answer_is_not_sent_again(served: Served) 
 
 @pytest.mark.parametrize("served", ["hold"], indirect=True)
 async def test_an_infer_lost_mid_call_is_not_sent_again(served: Served) -> None:
+    backoffs: list[float] = []
+
+    async def backoff(wait_s: float) -> None:  # a resend would back off first
+        backoffs.append(wait_s)
+
     async with AsyncClient(served.address, retry_backoff_s=0.0) as client:
+        client._retries = dataclasses.replace(client._retries, asleep=backoff)
         call = asyncio.create_task(client.infer("m", {"x": X}, timeout_s=5.0))
         await served.servicer.received.wait()
         await served.server.stop(0)  # the connection goes with the call on it
-        with pytest.raises(ServerUnavailableError):
+        with pytest.raises(ServerUnavailableError) as lost:
             await call
-    assert served.servicer.deliveries == 1
+    assert backoffs == [] and served.servicer.deliveries == 1
+    assert "failed to connect" not in lost.value.details  # the lost call's own error
 
 
 def test_a_call_that_never_connected_is_sent_again() -> None:

@@ -223,6 +223,7 @@ ERRORS: list[tuple[str, type[InferenceServerError], str]] = [
     ("missing", ModelNotFoundError, "NOT_FOUND"), ("bad", InvalidInputError, "INVALID_ARGUMENT"),
     ("overloaded", ServerOverloadedError, "RESOURCE_EXHAUSTED"),
     ("draining", ServerUnavailableError, "UNAVAILABLE"),
+    ("unready", ServerUnavailableError, "UNAVAILABLE"),
     ("broken", ServerInternalError, "INTERNAL"),
     ("timeout", DeadlineExceededError, "DEADLINE_EXCEEDED"),
 ]
@@ -236,8 +237,10 @@ async def test_http_errors_are_the_grpc_paths_exceptions(fake: tuple[FakeTriton,
                 await client.infer(model, {"x": X})
             assert caught.value.code.name == code
             assert caught.value.http_status is not None
-    # Unavailable is retried (1 + 2 tries); an overload is a measured refusal: tried once.
+    # A refusal marked may-resend is sent again (1 + 2 tries); an unmarked 503 may have run,
+    # and an overload is a measured refusal: tried once.
     assert server.calls["/v2/models/draining/infer"] == 3
+    assert server.calls["/v2/models/unready/infer"] == 1
     assert server.calls["/v2/models/overloaded/infer"] == 1
 
     def blocking() -> None:

@@ -22,6 +22,8 @@ import tritonclient.utils as triton_utils
 from aiohttp import web
 from tritonclient.http._utils import _get_inference_request
 
+from evenflow.proto import metadata
+
 ECHO_METADATA = {"name": "echo", "versions": ["1"], "platform": "pytorch",
                  "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
                  "outputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}]}
@@ -30,7 +32,8 @@ FAILURES = {  # model -> (status, error message)
     "missing": (404, "Request for unknown model: 'missing' is not found"),
     "bad": (400, "input 'x': expected FP32, got INT64"),
     "overloaded": (503, OVERLOADED),
-    "draining": (503, "the server is shutting down"),
+    "draining": (503, "the server is shutting down"),  # marked may-resend, as evenflow's
+    "unready": (503, "Server not ready"),  # unmarked, as Triton's: it may have run
     "broken": (500, "internal server error (RuntimeError); see the server log"),
     "timeout": (504, "the request's deadline passed before it ran"),
 }
@@ -110,7 +113,10 @@ class FakeTriton:
 
 
 def error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    # evenflow marks the UNAVAILABLE of a request it did not run (``proto/metadata.py``).
+    marked = status == 503 and message == "the server is shutting down"
+    return web.json_response({"error": message}, status=status,
+                             headers={metadata.MAY_RESEND: "1"} if marked else None)
 
 
 def decode_request(body: bytes, header_length: str | None

@@ -28,7 +28,7 @@ from evenflow.client import (
     InferenceServerError,
     ServerUnavailableError,
 )
-from evenflow.client._retry import Retries, not_delivered, not_run
+from evenflow.client._retry import Retries, marked_not_run, not_run
 from evenflow.client.errors import error_for
 
 X = np.arange(4, dtype=np.float32)
@@ -297,7 +297,7 @@ def test_every_attempt_gets_the_time_left_and_none_starts_past_the_deadline() ->
 
     retries = Retries(retries=5, backoff_s=0.05, clock=clock, sleep=sleep)
     with pytest.raises(ServerUnavailableError):
-        retries.call(attempt, 1.0, not_delivered)
+        retries.call(attempt, 1.0, marked_not_run)
     # 1.0; then 1.0 - 0.4 - 0.05; then 0.55 - 0.4 - 0.1. The next backoff (0.2) ends past it.
     assert given == pytest.approx([1.0, 0.55, 0.05])
 
@@ -312,18 +312,18 @@ async def test_async_attempts_get_the_time_left() -> None:
     async def attempt(left_s: float | None) -> int:
         given.append(left_s)
         clock.now_s += 0.4
-        raise unavailable(503)  # the server's own UNAVAILABLE answer: it ran nothing
+        raise not_run(unavailable(503))  # the server said it ran nothing
 
     retries = Retries(retries=5, backoff_s=0.05, clock=clock, asleep=asleep)
     with pytest.raises(ServerUnavailableError):
-        await retries.acall(attempt, 1.0, not_delivered)
+        await retries.acall(attempt, 1.0, marked_not_run)
     assert given == pytest.approx([1.0, 0.55, 0.05])
 
 
 def test_what_an_infer_may_send_again() -> None:
-    assert not_delivered(not_run(unavailable()))  # no connection was made
-    assert not_delivered(unavailable(503))  # the server said so, and ran nothing
-    assert not not_delivered(unavailable())  # lost after sending: it may have run
+    assert marked_not_run(not_run(unavailable()))  # no connection was made
+    assert not marked_not_run(unavailable(503))  # a 503 that does not say it ran nothing
+    assert not marked_not_run(unavailable())  # lost after sending: it may have run
 
     calls: list[float | None] = []
 
@@ -332,7 +332,7 @@ def test_what_an_infer_may_send_again() -> None:
         raise unavailable()
 
     with pytest.raises(ServerUnavailableError):
-        Retries(retries=2, backoff_s=0.0).call(lost, None, not_delivered)
+        Retries(retries=2, backoff_s=0.0).call(lost, None, marked_not_run)
     assert calls == [None]
     with pytest.raises(ServerUnavailableError):
         Retries(retries=2, backoff_s=0.0).call(lost, None)  # a read: any UNAVAILABLE

@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 import pytest
 
-from evenflow.balancer import ModelNotFound, Overloaded
+from evenflow.balancer import ModelNotFound, Overloaded, WorkerLost
 from evenflow.proto import grpc_service_pb2 as pb
 from evenflow.proto import metadata
 from evenflow.server.edge.decoding import Undecodable
@@ -191,6 +191,22 @@ async def test_a_refusal_by_the_model_keeps_its_status_and_message() -> None:
         await call
     assert (context.code, context.details) == (grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full")
     assert edge.failures == [("m", "RESOURCE_EXHAUSTED")]
+
+
+@pytest.mark.parametrize(("error", "marked"), [
+    (WorkerLost("lost while running the batch"), False),  # it may have run
+    (WorkerLost("no replica in service", not_run=True), True),  # refused before it ran
+], ids=["ran", "not-run"])
+async def test_only_an_unavailable_that_did_not_run_is_marked_may_resend(
+        error: WorkerLost, marked: bool) -> None:
+    edge = make_edge(FakeModel(auto=False))
+    context = FakeContext()
+    call = asyncio.create_task(edge.servicer.ModelInfer(infer_request(X), context))
+    (await edge.model.next_request()).answer.set_exception(error)
+    with pytest.raises(Aborted):
+        await call
+    assert context.code is grpc.StatusCode.UNAVAILABLE
+    assert context.trailing_metadata == (((metadata.MAY_RESEND, "1"),) if marked else ())
 
 
 async def test_a_bug_is_internal_and_the_next_call_is_still_served() -> None:

@@ -1,7 +1,12 @@
 import pytest
 
 from evenflow.balancer import LatencyModel
+from evenflow.balancer.capacity import rate_within_per_s
 from evenflow.balancer.estimator import MIN_BATCH_S
+from evenflow.server.config.server_config import ModelConfig
+from evenflow.server.engine.placement import prior_cost
+from evenflow.server.models.builtin import build_sim
+from evenflow.server.models.spec import SimProfile
 
 
 def feed(model: LatencyModel, base_s: float, per_sample_s: float, sizes: list[int]) -> None:
@@ -71,3 +76,13 @@ def test_noisy_flat_slope_never_goes_negative() -> None:
 def test_forgetting_must_be_a_fraction() -> None:
     with pytest.raises(ValueError):
         LatencyModel(forgetting=1.0)
+
+
+def test_a_simulated_model_of_no_cost_gets_a_finite_capacity() -> None:
+    """A ``sim`` model at 0 ms (it measures the server around it) is priced by its declared
+    cost before it runs: the placement's capacity arithmetic divided by it."""
+    free = SimProfile(base_ms=0.0, per_sample_ms=0.0)
+    cost = prior_cost(ModelConfig(name="sim", source="sim", sim_profile=free),
+                      build_sim(free))
+    assert cost.batch_s(1) == MIN_BATCH_S
+    assert 0.0 < rate_within_per_s(cost, slo_s=0.05, max_batch=64) < float("inf")

@@ -13,6 +13,7 @@ from evenflow.balancer import (
     InvalidRequest,
     ModelNotFound,
     OutOfMemory,
+    ShuttingDown,
     WorkerLost,
 )
 from evenflow.proto import grpc_service_pb2 as pb
@@ -62,6 +63,13 @@ def test_errors_cross_by_name(error: Exception) -> None:
     back = from_wire(to_wire(error))
     assert type(back) is type(error)
     assert str(back) == str(error)
+
+
+def test_whether_a_request_ran_crosses_too() -> None:
+    back = from_wire(to_wire(ShuttingDown("draining", not_run=True)))
+    assert isinstance(back, ShuttingDown) and back.not_run
+    lost = from_wire(to_wire(WorkerLost("lost while running")))
+    assert isinstance(lost, WorkerLost) and not lost.not_run
 
 
 def test_an_unknown_error_crosses_as_a_failed_batch_with_its_type() -> None:

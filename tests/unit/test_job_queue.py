@@ -124,7 +124,7 @@ async def test_fail_all_fails_every_waiting_caller_once_and_empties_the_queue() 
         queue.push(queued)
     jobs[0].future.cancel()  # a caller that went away hears nothing
     error = ShuttingDown("closing")
-    queue.fail_all(error)
+    queue.fail_all(lambda _: error)
     assert jobs[0].future.cancelled()
     assert jobs[1].future.exception() is error
     assert (len(queue), queue.num_samples, queue.num_shape_groups) == (0, 0, 0)
@@ -153,7 +153,7 @@ async def test_fail_all_wakes_the_waiters() -> None:
     queue = JobQueue()
     waiter = asyncio.create_task(queue.wait_changed())
     await asyncio.sleep(0)
-    queue.fail_all(ShuttingDown("closing"))
+    queue.fail_all(lambda _: ShuttingDown("closing"))
     await asyncio.wait_for(waiter, timeout=5)
 
 

@@ -358,3 +358,21 @@ async def test_a_reading_is_reported_stale_while_the_sample_after_it_is_stuck() 
         nvml.release.set()
         await sampler.close()
         worker.thread.join(timeout=10)
+
+
+async def test_gpus_stuck_on_their_first_sample_are_reported_stale_not_absent() -> None:
+    nvml = StuckNvml()  # the very first sample sticks
+    sampler = WatchedSampler(nvml, interval_s=0.001,
+                             cuda_uuids=lambda: [_bare(u) for u in UUIDS[:2]],
+                             close_timeout_s=0.05, stale_after_s=0.05)
+    sampler.start()
+    worker = sampler._thread
+    assert worker is not None
+    try:
+        await sampler.until(lambda: bool(sampler.latest))
+        assert [(s.name, s.stale) for s in sampler.latest] == [("cuda0", True), ("cuda1", True)]
+        assert gpu_series(sampler.latest) == {"evenflow_gpu_telemetry_stale": 1.0}
+    finally:
+        nvml.release.set()
+        await sampler.close()
+        worker.thread.join(timeout=10)

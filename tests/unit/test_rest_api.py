@@ -303,6 +303,7 @@ async def test_every_error_names_the_grpc_status_it_stands_for() -> None:
     h.edge.servicer.drain()
     draining = await h.request("POST", "/v2/models/m/infer", infer_body())
     assert draining.status == 503 and draining.headers[b"evenflow-status"] == b"UNAVAILABLE"
+    assert draining.headers[b"evenflow-may-resend"] == b"1"  # refused before it ran
     h.control.answers["/inference.GRPCInferenceService/ModelConfig"] = (
         grpc.StatusCode.RESOURCE_EXHAUSTED.value[0], "busy", b"")
     busy = await h.request("GET", "/v2/models/m/config")

@@ -33,6 +33,7 @@ from evenflow.server.edge.rest.proto_json import to_json
 from evenflow.server.edge.rest.replies import (
     EMPTY,
     JSON,
+    MAY_RESEND_HEADER,
     ASGIMessage,
     HttpError,
     Receive,
@@ -256,8 +257,11 @@ class RestApi:
         except Exception as exc:  # a server bug: 500, logged, and the server keeps serving
             error = internal_error(exc, f"request {request_id!r} to model {route.model!r}")
         edge.count_failure(route.model, request_id, error)
-        return error_reply(http_status_of(error), str(error),
-                           [status_header(status_of(error).name)])
+        status = status_of(error)
+        answer_headers = [status_header(status.name)]
+        if error.not_run and status is grpc.StatusCode.UNAVAILABLE:
+            answer_headers.append(MAY_RESEND_HEADER)
+        return error_reply(http_status_of(error), str(error), answer_headers)
 
     async def _run(self, route: Route, request: tensors.RestRequest, model: InferTarget,
                    receive: Receive) -> Reply:

@@ -40,6 +40,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from evenflow.server.edge.port_errors import PortUnavailable
+from evenflow.server.edge.rest.replies import MAY_RESEND_HEADER
 from evenflow.server.edge.security import TlsFiles
 
 logger = logging.getLogger(__name__)
@@ -285,7 +286,7 @@ async def _over_capacity(scope: dict[str, Any], receive: Any, send: Any) -> None
     body = b'{"error":"the server has too many open connections; try again later"}'
     await send({"type": "http.response.start", "status": 503, "headers": [
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"), (b"retry-after", b"1")]})
+        (b"connection", b"close"), (b"retry-after", b"1"), MAY_RESEND_HEADER]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from evenflow.proto import metadata
 from evenflow.server.edge.rest import compression
 
 ASGIMessage = dict[str, Any]
@@ -54,6 +55,9 @@ def error_reply(status: int, message: str, headers: Headers | None = None) -> Re
 
 
 STATUS_HEADER = b"evenflow-status"
+# On a 503 for a request the server did not run: a client may send it again (as gRPC's trailing
+# metadata of the same name, ``proto/metadata.py``).
+MAY_RESEND_HEADER = (metadata.MAY_RESEND.encode(), b"1")
 
 
 def status_header(code_name: str) -> tuple[bytes, bytes]:

@@ -1,5 +1,6 @@
-"""Errors across a process boundary: the class name and message travel, and the receiver
-raises the same evenflow error (or, for anything else, BatchFailed with the message)."""
+"""Errors across a process boundary: the class name, the message and ``not_run`` travel, and
+the receiver raises the same evenflow error (or, for anything else, BatchFailed with the
+message)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ _CLASSES: dict[str, type[Exception]] = {
 class WireError(msgspec.Struct, array_like=True, frozen=True):
     kind: str
     message: str
+    not_run: bool = False  # ``EvenflowError.not_run``
 
 
 def to_wire(error: BaseException) -> WireError:
@@ -23,8 +25,11 @@ def to_wire(error: BaseException) -> WireError:
     if kind not in _CLASSES:
         return WireError("BatchFailed", f"{kind}: {error}")
     message = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-    return WireError(kind, str(message))
+    return WireError(kind, str(message), getattr(error, "not_run", False))
 
 
 def from_wire(error: WireError) -> Exception:
-    return _CLASSES.get(error.kind, errors.BatchFailed)(error.message)
+    kind = _CLASSES.get(error.kind, errors.BatchFailed)
+    if issubclass(kind, errors.EvenflowError):
+        return kind(error.message, not_run=error.not_run)
+    return kind(error.message)

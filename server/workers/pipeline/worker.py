@@ -241,7 +241,8 @@ class PipelineWorker:
                 except Exception as exc:
                     # The copy out is where an asynchronous CUDA error (a device-side assert
                     # in the last stage's kernels) may surface: classified like a stage's.
-                    outcome = classify_device_error(exc, device=last.device_name)
+                    outcome = classify_device_error(exc, device=last.device_name,
+                                                    raiser=f"stage {last.index}")
                 else:
                     outcome = (per_job, list(batch.stage_s), time.perf_counter() - start)
             with contextlib.suppress(RuntimeError):  # the loop closed while the batch ran
