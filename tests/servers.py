@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from benchmarks.harness import wait_for_line
 
 TESTS_DIR = Path(__file__).resolve().parent
@@ -122,3 +124,21 @@ def perf_analyzer_command() -> list[str] | None:
         if binary and Path(binary).exists():
             return [binary]
     return None
+
+
+def perf_analyzer_runs_at(concurrency: int, args: Sequence[str], timeout_s: float) -> str:
+    """perf_analyzer ``args`` at one ``concurrency``: a short run whose stability window is wide
+    (-s 400, the last three windows within 4x), as the tests check that it runs to the end (no
+    stop at a refusal or an error), not the numbers. Its output; skips the test where
+    perf_analyzer is not installed."""
+    command = perf_analyzer_command()
+    if command is None:
+        pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
+    run = subprocess.run(
+        [*command, *args, "--concurrency-range", f"{concurrency}:{concurrency}",
+         "--measurement-interval", "500", "-s", "400", "-r", "6"],
+        check=False, capture_output=True, text=True, timeout=timeout_s)
+    assert run.returncode == 0, (f"concurrency {concurrency}: " + run.stdout[-3000:]
+                                 + run.stderr[-3000:])
+    assert f"Concurrency: {concurrency}, throughput" in run.stdout
+    return run.stdout

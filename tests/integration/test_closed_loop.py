@@ -5,13 +5,12 @@ at its first refusal, against the same server."""
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 
 import pytest
 
 from tests.integration.load import Load
-from tests.servers import ServerProcess, perf_analyzer_command
+from tests.servers import ServerProcess, perf_analyzer_runs_at
 
 # slow, timing: subprocess servers under 128 clients; admission by time.
 pytestmark = [pytest.mark.slow, pytest.mark.timing,
@@ -50,18 +49,8 @@ async def test_a_closed_loop_of_128_clients_sees_no_refusal(
 @pytest.mark.timeout(150)
 def test_perf_analyzer_runs_to_the_end_against_default_admission(
         served: tuple[str, ServerProcess]) -> None:
-    """Each concurrency a separate short run; the stability window is wide (-s 400: the last
-    three windows within 4x) as this checks that no run stops at a refusal, not the numbers."""
-    command = perf_analyzer_command()
-    if command is None:
-        pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
+    """Each concurrency a separate short run, none stopped by a refusal."""
     model, server = served
     for concurrency in (1, 32, 128):  # its default, then past the balancer's batch sizes
-        run = subprocess.run(
-            [*command, "-i", "grpc", "-u", server.url, "-m", model, "--shape", "x:256",
-             "--concurrency-range", f"{concurrency}:{concurrency}",
-             "--measurement-interval", "500", "-s", "400", "-r", "6"],
-            check=False, capture_output=True, text=True, timeout=30)
-        assert run.returncode == 0, (f"concurrency {concurrency}: " + run.stdout[-3000:]
-                                     + run.stderr[-3000:])
-        assert f"Concurrency: {concurrency}, throughput" in run.stdout
+        perf_analyzer_runs_at(concurrency, ["-i", "grpc", "-u", server.url, "-m", model,
+                                            "--shape", "x:256"], timeout_s=30)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.servers import TESTS_DIR, perf_analyzer_command, serving_in
+from tests.servers import TESTS_DIR, perf_analyzer_runs_at, serving_in
 
 # slow: `evenflow serve` processes, tritonclient probe processes and perf_analyzer.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -44,21 +44,12 @@ def mlp_server(request, server_factory):  # type: ignore[no-untyped-def]
 def test_perf_analyzer_over_http_runs_at_1_16_and_64(mlp_server, tensor_format: str) -> None:
     """Each concurrency a short run of its own; the stability window is wide (-s 400) as this
     checks that perf_analyzer works over HTTP end to end, not the numbers."""
-    command = perf_analyzer_command()
-    if command is None:
-        pytest.skip("perf_analyzer not found (set EVENFLOW_PERF_ANALYZER; see README)")
     for concurrency in (1, 16, 64):
-        run = subprocess.run(
-            [*command, "-i", "http", "-u", mlp_server.http_url, "-m", "mlp",
-             "--shape", "x:256", "--input-tensor-format", tensor_format,
-             "--output-tensor-format", tensor_format,
-             "--concurrency-range", f"{concurrency}:{concurrency}",
-             "--measurement-interval", "500", "-s", "400", "-r", "6"],
-            check=False, capture_output=True, text=True, timeout=40)
-        assert run.returncode == 0, (f"concurrency {concurrency}: " + run.stdout[-3000:]
-                                     + run.stderr[-3000:])
-        assert f"Concurrency: {concurrency}, throughput" in run.stdout
-        assert "Server:" in run.stdout  # it read our statistics JSON for the breakdown
+        output = perf_analyzer_runs_at(
+            concurrency, ["-i", "http", "-u", mlp_server.http_url, "-m", "mlp",
+                          "--shape", "x:256", "--input-tensor-format", tensor_format,
+                          "--output-tensor-format", tensor_format], timeout_s=40)
+        assert "Server:" in output  # it read our statistics JSON for the breakdown
 
 
 async def test_sigterm_answers_admitted_http_calls_and_refuses_new_ones_with_503(
