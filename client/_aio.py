@@ -36,10 +36,10 @@ class AsyncClient:
     Calls that fail with UNAVAILABLE (no connection, or a server that cannot serve now) are
     retried up to ``retries`` times with exponential backoff from ``retry_backoff_s``, while
     the deadline lasts; every other failure raises an ``InferenceServerError`` subclass at
-    once. An ``infer`` is retried only when the server cannot have run it (no connection was
-    made, or the server answered UNAVAILABLE itself: over gRPC, evenflow marks its own; a
-    Triton server's is not retried); a connection lost after the request was sent is raised,
-    not retried. Over HTTP the pool keeps
+    once. An ``infer`` is retried only when the server cannot have run it: no connection was
+    made, or evenflow's server marked its UNAVAILABLE ``evenflow-may-resend`` (a request that
+    never reached a worker). A worker or connection lost mid-call, and another server's
+    UNAVAILABLE (Triton's), are raised, not retried. Over HTTP the pool keeps
     ``options.max_connections`` connections alive; waiting for a free one counts against
     ``timeout_s``.
     """
