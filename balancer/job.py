@@ -15,7 +15,6 @@ Clock = Callable[[], float]
 """Monotonic seconds; ``time.monotonic`` in production, a fake in tests."""
 
 
-
 @dataclass(slots=True, eq=False)
 class Job:
     """One admitted request waiting for (or in) a batch.
