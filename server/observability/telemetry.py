@@ -11,7 +11,8 @@ GPUs are named as the server names its devices, by CUDA ordinal (``cuda0`` is to
 does not see is not sampled; a MIG instance CUDA sees is sampled through its own NVML handle.
 Each field is read on its own: one a board does not support (clocks, throttle reasons,
 utilization on MIG) stays 0, is listed in ``GpuSample.unsupported`` (the metrics leave it out),
-and is logged once.
+and is logged once; one whose query fails otherwise (a GPU lost, a timeout) is left out too,
+and makes that GPU's sample ``stale`` while it fails.
 
 NVML calls can block for a long time on a GPU in a bad state (an Xid, fallen off the bus), so
 the sampler makes them on its own thread, one sample at a time, never on the event loop. A
@@ -215,7 +216,7 @@ class NvmlSampler:
         self._stale_after_s = stale_after_s
         self._close_timeout_s = close_timeout_s
         self._devices = self._named_handles(nvml, cuda_uuids)
-        self._unsupported_logged: set[tuple[str, str]] = set()
+        self._unsupported_logged: set[tuple[str, str, bool]] = set()
         self._reading = ""  # the GPU the sampler's thread is reading (or read last)
         self.latest: list[GpuSample] = []
         self._task: asyncio.Task[None] | None = None
@@ -285,16 +286,27 @@ class NvmlSampler:
     def _sample(self, name: str, handle: Any) -> GpuSample:
         values: dict[str, Any] = dict(_ZERO)
         unsupported: set[str] = set()
+        failed = False  # a query that failed now (a GPU lost, a timeout), not unsupported
         for reader_name, reader in _READERS:
             try:
                 values.update(reader(self._nvml, handle))
-            except Exception as exc:  # NVMLError_NotSupported and its kin
+            except Exception as exc:  # NVMLError and its kin
                 unsupported.update(_FIELDS[reader_name])
-                if (name, reader_name) not in self._unsupported_logged:
-                    self._unsupported_logged.add((name, reader_name))
-                    logger.warning("NVML: %s cannot read %s (%s: %s); left out of the metrics, "
-                                   "logged once", name, reader_name, type(exc).__name__, exc)
-        return GpuSample(name=name, unsupported=frozenset(unsupported), **values)
+                supported = not self._not_supported(exc)
+                failed = failed or supported
+                if (name, reader_name, supported) not in self._unsupported_logged:
+                    self._unsupported_logged.add((name, reader_name, supported))
+                    logger.warning("NVML: %s cannot read %s (%s: %s); %s, logged once", name,
+                                   reader_name, type(exc).__name__, exc,
+                                   "its readings are reported stale while it fails" if supported
+                                   else "left out of the metrics")
+        return GpuSample(name=name, unsupported=frozenset(unsupported), stale=failed, **values)
+
+    def _not_supported(self, exc: Exception) -> bool:
+        """NVML's answer for a field this board never reads (NVML_ERROR_NOT_SUPPORTED: a MIG
+        instance's utilization, some boards' clocks), as against a query that failed now."""
+        code = getattr(self._nvml, "NVML_ERROR_NOT_SUPPORTED", None)
+        return code is not None and getattr(exc, "value", None) == code
 
     def start(self) -> None:
         if self._task is None:

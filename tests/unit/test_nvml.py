@@ -37,27 +37,40 @@ UUIDS = ("GPU-aaaaaaaa-0000-0000-0000-000000000000",
 class NotSupported(Exception):
     """What pynvml raises for a query the board does not answer (NVMLError_NotSupported)."""
 
+    value = 3  # NVML_ERROR_NOT_SUPPORTED
+
+
+class GpuIsLost(Exception):
+    """What pynvml raises for any query to a GPU fallen off the bus (NVMLError_GpuIsLost)."""
+
+    value = 15  # NVML_ERROR_GPU_IS_LOST
+
 
 @dataclass
 class FakeNvml:
     """GPUs in PCI order, each handle its NVML index; ``unsupported`` holds (handle, query)
     pairs that raise; ``mig`` maps a GPU's index to its MIG slots' UUIDs (None: empty);
-    ``lost``: the indices whose handle NVML cannot give (a GPU fallen off the bus)."""
+    ``lost``: the indices whose handle NVML cannot give (a GPU fallen off the bus); ``failing``:
+    the handles whose every query fails (one that fell off the bus after it was opened)."""
 
     uuids: tuple[str, ...] = UUIDS
     unsupported: set[tuple[object, str]] = field(default_factory=set)
     mig: dict[int, list[str | None]] = field(default_factory=dict)
     as_bytes: bool = False
     lost: set[int] = field(default_factory=set)
+    failing: set[object] = field(default_factory=set)
     calls: int = 0
     inits: int = 0
     shutdowns: int = 0
 
     NVML_CLOCK_SM = 1
     NVML_TEMPERATURE_GPU = 0
+    NVML_ERROR_NOT_SUPPORTED = 3
 
     def _query(self, handle: object, what: str) -> None:
         self.calls += 1
+        if handle in self.failing:
+            raise GpuIsLost("GPU is lost")
         if (handle, what) in self.unsupported:
             raise NotSupported("Not Supported")
 
@@ -177,6 +190,19 @@ def test_an_unsupported_field_leaves_the_others_and_is_logged_once(
     assert all("cuda1" in r.getMessage() and not r.exc_info for r in warnings)
     assert {r.getMessage().split(" cannot read ")[1].split(" ")[0] for r in warnings} == \
         {"sm_clock", "throttle_reasons"}
+
+
+def test_a_gpu_whose_queries_fail_is_reported_stale_not_as_unsupported_fields() -> None:
+    nvml = FakeNvml(failing={1})  # fell off the bus after the sampler opened it
+    sampler = NvmlSampler(nvml, cuda_uuids=lambda: [_bare(u) for u in UUIDS[:2]])
+    first, second = sampler.sample()
+    assert not first.stale and second.stale
+    text = render(collect([], [first, second], {})).decode()
+    stale = {s.labels["gpu"]: s.value for family in text_string_to_metric_families(text)
+             for s in family.samples if s.name == "evenflow_gpu_telemetry_stale"}
+    assert stale == {"cuda0": 0.0, "cuda1": 1.0}
+    nvml.failing.clear()  # back (an Xid a reset cleared): fresh again
+    assert not sampler.sample()[1].stale
 
 
 def test_a_field_nvml_cannot_read_is_left_out_of_the_metrics_not_exported_as_0() -> None:
