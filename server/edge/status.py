@@ -40,13 +40,17 @@ async def abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode,
     raise AssertionError("unreachable: abort raises")
 
 
+def may_resend(error: EvenflowError) -> bool:
+    """Whether the client may send the request again: an UNAVAILABLE for a request that never
+    reached a worker (``not_run``). Marked so on both protocols (``proto/metadata.py``)."""
+    return error.not_run and status_of(error) is grpc.StatusCode.UNAVAILABLE
+
+
 async def abort_with(context: grpc.aio.ServicerContext, error: EvenflowError) -> NoReturn:
-    """End the call with ``error``'s status; an UNAVAILABLE that did not run (``not_run``) is
-    marked as one the client may send again (``proto/metadata.py``)."""
-    code = status_of(error)
-    if error.not_run and code is grpc.StatusCode.UNAVAILABLE:
+    """End the call with ``error``'s status, marked when the client ``may_resend`` it."""
+    if may_resend(error):
         context.set_trailing_metadata(_MAY_RESEND)
-    await abort(context, code, str(error))
+    await abort(context, status_of(error), str(error))
 
 
 def status_from_value(value: int) -> grpc.StatusCode:

@@ -47,7 +47,12 @@ from evenflow.server.edge.rest.replies import (
 from evenflow.server.edge.rest.statuses import http_status, http_status_of
 from evenflow.server.edge.security import group_of, token_matches
 from evenflow.server.edge.servicer import EdgeServicer, InferTarget, submit_arrays
-from evenflow.server.edge.status import internal_error, status_from_value, status_of
+from evenflow.server.edge.status import (
+    internal_error,
+    may_resend,
+    status_from_value,
+    status_of,
+)
 from evenflow.server.observability import cpu_accounting
 
 logger = logging.getLogger(__name__)
@@ -257,9 +262,8 @@ class RestApi:
         except Exception as exc:  # a server bug: 500, logged, and the server keeps serving
             error = internal_error(exc, f"request {request_id!r} to model {route.model!r}")
         edge.count_failure(route.model, request_id, error)
-        status = status_of(error)
-        answer_headers = [status_header(status.name)]
-        if error.not_run and status is grpc.StatusCode.UNAVAILABLE:
+        answer_headers = [status_header(status_of(error).name)]
+        if may_resend(error):
             answer_headers.append(MAY_RESEND_HEADER)
         return error_reply(http_status_of(error), str(error), answer_headers)
 
