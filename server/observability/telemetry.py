@@ -216,7 +216,7 @@ class NvmlSampler:
         self._stale_after_s = stale_after_s
         self._close_timeout_s = close_timeout_s
         self._devices = self._named_handles(nvml, cuda_uuids)
-        self._unsupported_logged: set[tuple[str, str, bool]] = set()
+        self._unread_logged: set[tuple[str, str, bool]] = set()
         self._reading = ""  # the GPU the sampler's thread is reading (or read last)
         self.latest: list[GpuSample] = []
         self._task: asyncio.Task[None] | None = None
@@ -294,8 +294,8 @@ class NvmlSampler:
                 unsupported.update(_FIELDS[reader_name])
                 supported = not self._not_supported(exc)
                 failed = failed or supported
-                if (name, reader_name, supported) not in self._unsupported_logged:
-                    self._unsupported_logged.add((name, reader_name, supported))
+                if (name, reader_name, supported) not in self._unread_logged:
+                    self._unread_logged.add((name, reader_name, supported))
                     logger.warning("NVML: %s cannot read %s (%s: %s); %s, logged once", name,
                                    reader_name, type(exc).__name__, exc,
                                    "its readings are reported stale while it fails" if supported
