@@ -20,6 +20,8 @@ class Placement(Protocol):
 
     def joins_next_batch(self, num_samples: int) -> bool: ...
 
+    def lateness_margin_s(self, now_s: float) -> float: ...
+
 
 class Admission:
     """One model's admission rules (``BalancerConfig``: count bounds, queueing budget, SLO).
@@ -69,7 +71,7 @@ class Admission:
         config, counters = self.config, self.counters
         if not math.isfinite(finish_s):
             return
-        margin_s = counters.lateness.margin_at(now_s)
+        margin_s = replica.lateness_margin_s(now_s)
         if now_s + finish_s + margin_s > deadline_s:
             counters.rejected["deadline"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "

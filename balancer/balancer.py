@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import logging
 import math
@@ -348,7 +349,7 @@ class ModelBalancer:
             return replicas[0], replicas[0].load(now_s).work_s(num_samples)
         if policy is Policy.LEAST_WORK:
             loads = [replica.load(now_s) for replica in replicas]
-            index = choose_least_work(loads, num_samples, self._rng)
+            index = choose_least_work(loads, num_samples, self._rng, job.due_s - now_s)
             return replicas[index], loads[index].work_s(num_samples)
         if policy is Policy.POW2:
             loads = [replica.load(now_s) for replica in replicas]
@@ -376,8 +377,11 @@ class ModelBalancer:
             return
         loads = {id(r): r.load(now_s) for r in victims}
         victims.sort(key=lambda r: loads[id(r)].work_s(), reverse=True)
+        # A stale thief is priced by its old fit: its probe price (no work at all) is for one
+        # routed request, and would let it take a queue's worth it may answer late.
         for victim in victims:
-            count = plan_steal(thief.load(now_s), loads[id(victim)], victim.tail_sizes())
+            thief_load = dataclasses.replace(thief.load(now_s), stale=False)
+            count = plan_steal(thief_load, loads[id(victim)], victim.tail_sizes())
             if count:
                 thief.accept_moved(victim.give_up_newest(count), stolen=True)
 

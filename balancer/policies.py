@@ -15,6 +15,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# Predicted finishing times this close are a tie (broken at random): float noise, not a choice.
+_TIE_S = 1e-12
+
 
 class Policy(enum.Enum):
     LEAST_WORK = "least-work"
@@ -41,6 +44,9 @@ class ReplicaLoad:
     cold: bool = False  # no batch measured yet: its a and c are only the prior
     shape_groups: int = 1  # distinct input shapes queued: each needs a batch of its own
     stale: bool = False  # idle, and its fit was last confirmed long ago: worth one probe
+    # How much later than predicted this replica's answers have come lately (the high quantile
+    # of answered minus predicted, at least 0): how far its prediction may be off.
+    spread_s: float = 0.0
 
     def work_s(self, extra_samples: int = 0) -> float:
         """Seconds until this replica has finished everything it holds, plus ``extra_samples``
@@ -72,18 +78,37 @@ class ReplicaLoad:
                 + (samples + joiners) * self.per_sample_s)
 
 
-def choose_least_work(loads: Sequence[ReplicaLoad], num_samples: int, rng: random.Random) -> int:
-    """The replica where ``num_samples`` more would finish soonest; ties broken at random."""
-    best_s = math.inf
+def choose_least_work(loads: Sequence[ReplicaLoad], num_samples: int, rng: random.Random,
+                      within_s: float = math.inf) -> int:
+    """The replica where ``num_samples`` more would finish soonest; ties broken at random.
+
+    With ``within_s`` (the seconds left until the request is due), the soonest of the replicas
+    predicted to finish within it even as late as their predictions have lately come
+    (``spread_s``), when there is one: a replica predicted sooner but with a wide spread (a
+    device shared with other models, whose batches come between this model's) is often late,
+    where one predicted a little later but narrowly (a device of its own, such as an overflow
+    replica that answers one request within the SLO while idle) answers in time. Where no
+    replica is safe so, the soonest of all, as without ``within_s``.
+    """
+    best_s = safe_best_s = math.inf
     best: list[int] = []
+    safe_best: list[int] = []
     for index, load in enumerate(loads):
         finish_s = load.work_s(num_samples)
-        if finish_s < best_s - 1e-12:
+        if finish_s < best_s - _TIE_S:
             best_s = finish_s
             best = [index]
-        elif finish_s <= best_s + 1e-12:
+        elif finish_s <= best_s + _TIE_S:
             best.append(index)
-    return best[0] if len(best) == 1 else rng.choice(best)
+        if not load.stale and finish_s + load.spread_s > within_s:
+            continue  # a stale replica's 0 is a probe's price, taken as routing always has
+        if finish_s < safe_best_s - _TIE_S:
+            safe_best_s = finish_s
+            safe_best = [index]
+        elif finish_s <= safe_best_s + _TIE_S:
+            safe_best.append(index)
+    chosen = safe_best or best
+    return chosen[0] if len(chosen) == 1 else rng.choice(chosen)
 
 
 def choose_pow2(loads: Sequence[ReplicaLoad], rng: random.Random) -> int:

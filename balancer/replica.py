@@ -28,7 +28,13 @@ from evenflow.balancer.job import BatchResult, Job, Worker
 from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.policies import ReplicaLoad
 from evenflow.balancer.queue import JobQueue
-from evenflow.balancer.stats import ArrivalRate, ModelCounters, ReplicaCounters, ReplicaSnapshot
+from evenflow.balancer.stats import (
+    ArrivalRate,
+    Lateness,
+    ModelCounters,
+    ReplicaCounters,
+    ReplicaSnapshot,
+)
 from evenflow.balancer.timebase import LoopTime, TimeSource, sleep_s
 from evenflow.balancer.turns import DeviceTurns
 from evenflow.balancer.watchdog import Watchdog
@@ -162,6 +168,8 @@ class Replica:
         self._restart_task: asyncio.Task[None] | None = None
         self._ledger = ledger  # models sharing devices: their replicas' work delays this one
         self._turn: tuple[DeviceTurns, str] | None = None  # the shared device this batch holds
+        # How late its own answers came against their predictions: routing's ``spread_s``.
+        self._lateness = Lateness()
 
     @property
     def name(self) -> str:
@@ -231,6 +239,10 @@ class Replica:
         """Predicted seconds of the batch a request of ``num_samples`` would run in: at least
         the controller's batch size."""
         return self._estimator.predict_s(max(num_samples, self._controller.batch_size))
+
+    def lateness_margin_s(self, now_s: float) -> float:
+        """How much later than predicted this replica's answers have come lately."""
+        return self._lateness.margin_at(now_s)
 
     def joins_next_batch(self, num_samples: int) -> bool:
         """Whether ``num_samples`` more still fit in the next batch this replica starts."""
@@ -313,7 +325,8 @@ class Replica:
             base_s=fit.base_s, per_sample_s=fit.per_sample_s,
             batch_size=self._next_batch_size(now_s, remaining),
             arrival_rate_per_s=self._arrivals.per_s(now_s), cold=not self._estimator.observed,
-            shape_groups=self._queue.num_shape_groups, stale=stale)
+            shape_groups=self._queue.num_shape_groups, stale=stale,
+            spread_s=self._lateness.margin_at(now_s))
 
     def snapshot(self, now_s: float) -> ReplicaSnapshot:
         fit = self._estimator.fit
@@ -628,6 +641,9 @@ class Replica:
         self._estimator.observe(num_samples, batch_s)
         self._controller.update(self._estimator.fit, num_samples, batch_s)
         self.stats.record_batch(num_samples, len(jobs), now_s - device_s, now_s)
+        for job in jobs:
+            self._lateness.add(now_s - job.predicted_done_s)
+        self._lateness.refresh(now_s)
         answer_batch(self._model_counters, jobs, result.outputs, timing=result.timing,
                      num_samples=num_samples, start_s=start_s, now_s=now_s)
 

@@ -23,12 +23,16 @@ class Placed:
 
     batch_s: float = 0.010  # its batch would take this long
     joins_next: bool = False  # it fits in the next batch
+    margin_s: float = 0.0  # how much later than predicted its answers have come lately
 
     def joining_batch_s(self, num_samples: int) -> float:
         return self.batch_s
 
     def joins_next_batch(self, num_samples: int) -> bool:
         return self.joins_next
+
+    def lateness_margin_s(self, now_s: float) -> float:
+        return self.margin_s
 
 
 def admission(**overrides: object) -> Admission:
@@ -64,26 +68,16 @@ def test_admission_in_time(overrides: dict[str, object], placed: Placed, finish_
     assert rules.counters.rejected == {reason: 1}
 
 
-def test_measured_lateness_counts_against_the_deadline() -> None:
-    rules = admission()
-    rules.counters.lateness.add(0.015)  # an answer came 15 ms later than predicted
-    rules.counters.lateness.refresh(NOW_S)
+def test_the_replicas_measured_lateness_counts_against_the_deadline_and_the_slo() -> None:
+    rules = admission(slo_s=0.05)
+    # Its answers have come 15 ms later than predicted: 30 ms predicted is 45 ms.
     with pytest.raises(Overloaded, match="after the request's deadline"):
-        rules.in_time(Placed(), 1, NOW_S, 0.030, NOW_S + 0.040, [JobQueue()], 1)
-
-
-def test_a_margin_no_answer_has_renewed_lately_is_forgotten() -> None:
-    from evenflow.balancer.stats import LATENESS_FORGET_S
-
-    rules = admission()
-    rules.counters.lateness.add(0.015)
-    rules.counters.lateness.refresh(NOW_S)
-    later_s = NOW_S + LATENESS_FORGET_S
-    with pytest.raises(Overloaded):  # still fresh at the limit
-        rules.in_time(Placed(), 1, later_s, 0.030, later_s + 0.040, [JobQueue()], 1)
-    later_s += 0.001
-    rules.in_time(Placed(), 1, later_s, 0.030, later_s + 0.040, [JobQueue()], 1)
-    assert rules.counters.lateness.margin_s == 0.0
+        rules.in_time(Placed(margin_s=0.015), 1, NOW_S, 0.030, NOW_S + 0.040, [JobQueue()], 1)
+    with pytest.raises(Overloaded, match=r"\+15 ms of measured lateness"):
+        rules.in_time(Placed(margin_s=0.015), 1, NOW_S, 0.040, math.inf, [JobQueue()], 1)
+    # Another replica's answers have come on time: the same prediction there is admitted.
+    rules.in_time(Placed(), 1, NOW_S, 0.040, NOW_S + 0.045, [JobQueue()], 1)
+    assert rules.counters.rejected == {"deadline": 1, "latency_target": 1}
 
 
 async def test_count_bounds_refuse_once_cancelled_jobs_gave_their_slots_back() -> None:

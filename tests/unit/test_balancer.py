@@ -762,3 +762,32 @@ async def test_a_replica_removed_twice_at_once_leaves_once(make_balancer) -> Non
     await drain
     assert [r.worker for r in balancer.replicas] == [staying] and leaving.closed
     assert future.result() == ("out", 0)
+
+
+async def test_a_stale_replica_steals_only_what_its_old_fit_says_finishes_sooner(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
+    # A stale replica (idle on a fit measured long ago) is priced at no work at all so that
+    # routing sends it one probe; stealing by that price would take a batch from a busy
+    # replica to a device that may still be slow.
+    workers = [FakeWorker("fast", gated=True), FakeWorker("slow", gated=True)]
+    balancer = make_balancer(workers, adaptive_batching=False, max_batch=4)
+    seed_fit(balancer, 0, 0.002, 0.0005)
+    seed_fit(balancer, 1, 0.050, 0.0005)  # measured (long ago, by the fake clock): stale
+    fast, slow = balancer.replicas
+    assert slow.load(fake_time()).stale
+    first = _job(balancer, "first")
+    fast.enqueue(first)
+    await settle()
+    queued = [_job(balancer, i) for i in range(3)]
+    for job in queued:  # bound to the busy fast replica: 3 ms there, 51.5 ms by the slow fit
+        fast.enqueue(job)
+    fake_time.advance(0.1)  # the idle slow replica looks for work every 20 ms meanwhile
+    await settle()
+    assert slow.stats.num_stolen_requests == 0 and fast.queued_requests == 3
+    while workers[0].num_waiting or fast.queued_requests:
+        workers[0].release()
+        await settle()
+        fake_time.advance(MAX_WAIT_S)
+        await settle()
+    await asyncio.gather(first.future, *(job.future for job in queued))
+    assert workers[1].batches == []

@@ -47,3 +47,16 @@ def test_the_admission_margin_rises_at_once_and_falls_lazily() -> None:
         lateness.add(0.0)
         lateness.refresh(0.0)
     assert lateness.margin_s == 0.0
+
+
+def test_a_margin_no_answer_has_renewed_lately_is_forgotten_with_its_window() -> None:
+    from evenflow.balancer.stats import LATENESS_FORGET_S, Lateness
+
+    lateness = Lateness()
+    lateness.add(0.015)
+    lateness.refresh(0.0)
+    assert lateness.margin_at(LATENESS_FORGET_S) == pytest.approx(0.015)  # fresh at the limit
+    assert lateness.margin_at(LATENESS_FORGET_S + 0.001) == 0.0
+    lateness.add(0.001)  # the old value went with the window: the next margin is the new one
+    lateness.refresh(LATENESS_FORGET_S + 0.002)
+    assert lateness.margin_at(LATENESS_FORGET_S + 0.002) == pytest.approx(0.001)

@@ -13,13 +13,13 @@ from evenflow.balancer.policies import (
 def load(*, queued_samples: int = 0, queued_requests: int | None = None, base_s: float = 0.01,
          per_sample_s: float = 0.002, batch_size: int = 8, running_remaining_s: float = 0.0,
          running_requests: int = 0, arrival_rate_per_s: float = 0.0, cold: bool = False,
-         shape_groups: int = 1, stale: bool = False) -> ReplicaLoad:
+         shape_groups: int = 1, stale: bool = False, spread_s: float = 0.0) -> ReplicaLoad:
     return ReplicaLoad(running_remaining_s=running_remaining_s,
                        running_requests=running_requests, queued_samples=queued_samples,
                        queued_requests=queued_samples if queued_requests is None
                        else queued_requests, base_s=base_s, per_sample_s=per_sample_s,
                        batch_size=batch_size, arrival_rate_per_s=arrival_rate_per_s, cold=cold,
-                       shape_groups=shape_groups, stale=stale)
+                       shape_groups=shape_groups, stale=stale, spread_s=spread_s)
 
 
 def test_work_prices_queue_in_batches() -> None:
@@ -46,6 +46,24 @@ def test_least_work_breaks_ties_at_random() -> None:
     rng = random.Random(1)
     chosen = {choose_least_work(replicas, 1, rng) for _ in range(60)}
     assert chosen == {0, 1, 2}
+
+
+def test_least_work_prefers_a_replica_that_answers_in_time_over_a_sooner_but_spread_one() -> None:
+    # A shared device's replica: predicted 35 ms, but its answers have come up to 20 ms later
+    # than predicted. An overflow replica alone on a slow device: 48 ms, exactly.
+    shared = load(running_remaining_s=0.023, spread_s=0.020)
+    overflow = load(base_s=0.040, per_sample_s=0.008, batch_size=1)
+    assert shared.work_s(1) < overflow.work_s(1)
+    rng = random.Random(0)
+    assert choose_least_work([shared, overflow], 1, rng, within_s=0.050) == 1
+    # Without a due time, or with none of them safe, the soonest, as before.
+    assert choose_least_work([shared, overflow], 1, rng) == 0
+    assert choose_least_work([shared, overflow], 1, rng, within_s=0.040) == 0
+    # Where the soonest is safe too, it is the choice.
+    assert choose_least_work([load(spread_s=0.020), overflow], 1, rng, within_s=0.050) == 0
+    # A stale replica gets its probe whatever its old spread: the probe is how it learns.
+    stale = load(stale=True, spread_s=0.100)
+    assert choose_least_work([overflow, stale], 1, rng, within_s=0.050) == 1
 
 
 def test_pow2_takes_the_shorter_of_two() -> None:

@@ -210,3 +210,16 @@ async def test_a_bare_clock_gets_the_loops_timers() -> None:
     assert fired == ["fired"]
     fake = FakeTime()
     assert as_time_source(fake) is fake
+
+
+async def test_a_replica_prices_the_spread_of_its_own_predictions(
+        make_replica: Callable[..., Replica], fake_time: FakeTime) -> None:
+    replica = make_replica(FakeWorker("w"), RecordingOwner())
+    assert replica.load(fake_time()).spread_s == 0.0  # nothing answered yet
+    late = job(fake_time)
+    late.predicted_done_s = fake_time() - 0.015  # answered 15 ms after its prediction
+    unpredicted = job(fake_time)  # admitted without a prediction: nothing to learn from it
+    await start_alone(replica, late)
+    await start_alone(replica, unpredicted)
+    assert late.future.done() and unpredicted.future.done()
+    assert replica.load(fake_time()).spread_s == pytest.approx(0.015)
