@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 from collections.abc import AsyncIterator
 from typing import Any
@@ -791,3 +792,34 @@ async def test_a_stale_replica_steals_only_what_its_old_fit_says_finishes_sooner
         await settle()
     await asyncio.gather(first.future, *(job.future for job in queued))
     assert workers[1].batches == []
+
+
+async def test_least_work_routes_past_a_sooner_replica_whose_answers_come_late(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
+    # Replica a is predicted sooner (10.5 ms) but its answers have come 45 ms late; b is
+    # predicted at 30.5 ms and on time. Within a 50 ms target only b answers in time.
+    workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
+    # (Stealing and late binding compare predictions alone: with either, idle a would take
+    # b's job back before b starts it.)
+    balancer = make_balancer(workers, adaptive_batching=False, max_batch=4,
+                             latency_target_s=0.050, work_stealing=False, late_binding=False)
+    seed_fit(balancer, 0, 0.010, 0.0005)
+    seed_fit(balancer, 1, 0.030, 0.0005)
+    for replica in balancer.replicas:
+        replica._last_done_s = fake_time()  # measured just now: priced by its fit, not stale
+    late = balancer.replicas[0]._lateness
+    late.add(0.045)
+    late.refresh(fake_time())
+    first = balancer.submit("x", 1)
+    await settle()
+    assert (workers[0].num_waiting, workers[1].num_waiting) == (0, 1)
+    # With a due time a spread cannot matter to (a 1 s target), the sooner one.
+    balancer.config = dataclasses.replace(balancer.config, latency_target_s=1.0)
+    second = balancer.submit("y", 1)
+    await settle()
+    assert balancer.replicas[0].queued_requests == 1  # forming: x is in flight elsewhere
+    fake_time.advance(MAX_WAIT_S)
+    await settle()
+    for worker in workers:
+        worker.release()
+    assert await asyncio.gather(first, second) == [("out", "x"), ("out", "y")]
