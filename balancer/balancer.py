@@ -381,7 +381,8 @@ class ModelBalancer:
         # routed request, and would let it take a queue's worth it may answer late.
         for victim in victims:
             thief_load = dataclasses.replace(thief.load(now_s), stale=False)
-            count = plan_steal(thief_load, loads[id(victim)], victim.tail_sizes())
+            count = plan_steal(thief_load, loads[id(victim)], victim.tail_sizes(),
+                               [due_s - now_s for due_s in victim.tail_due_s()])
             if count:
                 thief.accept_moved(victim.give_up_newest(count), stolen=True)
 
@@ -409,7 +410,7 @@ class ModelBalancer:
             if not candidates:
                 break
             index = choose_least_work([load for _, load in candidates], job.num_samples,
-                                      self._rng)
+                                      self._rng, job.due_s - now_s)
             target, load = candidates[index]
             if load.work_s(job.num_samples) >= here_s:
                 break

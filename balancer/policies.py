@@ -123,7 +123,8 @@ def choose_pow2(loads: Sequence[ReplicaLoad], rng: random.Random) -> int:
     return first if outstanding(first) <= outstanding(second) else second
 
 
-def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Sequence[int]) -> int:
+def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Sequence[int],
+               victim_tail_within_s: Sequence[float] | None = None) -> int:
     """How many jobs a replica should take from the tail of a busier replica's queue.
 
     ``victim_tail_samples`` lists the victim's queued jobs' sizes, last queued first. A job moves
@@ -144,6 +145,10 @@ def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Seq
         there_s = thief.work_s(taken_samples + samples)
         if there_s >= here_s:
             break
+        if victim_tail_within_s is not None and (
+                here_s + victim.spread_s <= victim_tail_within_s[count]
+                < there_s + thief.spread_s):
+            break  # in time where it is even as late as that replica has been, not on the thief
         taken_samples += samples
         victim_samples -= samples
         count += 1

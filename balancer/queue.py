@@ -93,6 +93,10 @@ class JobQueue:
         """Sizes in the order ``pop_tail`` would return them."""
         return [job.num_samples for level in reversed(self._levels) for job in reversed(level)]
 
+    def tail_due_s(self) -> list[float]:
+        """Due times in the order ``pop_tail`` would return the jobs."""
+        return [job.due_s for level in reversed(self._levels) for job in reversed(level)]
+
     def take(self, max_samples: int, now_s: float) -> list[Job]:
         """Jobs from the front of the most urgent levels up to ``max_samples`` (at least one live
         job if any is queued), all of the first one's shape: jobs of other shapes keep their

@@ -253,6 +253,10 @@ class Replica:
         in (``give_up_newest``)."""
         return self._queue.tail_sizes()
 
+    def tail_due_s(self) -> list[float]:
+        """Due times of the queued jobs, in ``tail_sizes``' order."""
+        return self._queue.tail_due_s()
+
     # What the balancer's routing does to it.
 
     def admit(self, job: Job, now_s: float) -> None:

@@ -823,3 +823,35 @@ async def test_least_work_routes_past_a_sooner_replica_whose_answers_come_late(
     for worker in workers:
         worker.release()
     assert await asyncio.gather(first, second) == [("out", "x"), ("out", "y")]
+
+
+async def test_late_binding_moves_a_job_to_where_it_answers_in_time_by_its_spread(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
+    slow, wide, narrow = (FakeWorker(name, gated=True) for name in ("slow", "wide", "narrow"))
+    balancer = make_balancer([slow, wide, narrow], adaptive_batching=False, max_batch=4,
+                             work_stealing=False)
+    for index, base_s in enumerate((0.050, 0.002, 0.020)):
+        seed_fit(balancer, index, base_s, 0.0005)
+        balancer.replicas[index]._last_done_s = fake_time()  # measured just now: not stale
+    slow_replica, wide_replica, narrow_replica = balancer.replicas
+    late = wide_replica._lateness  # its answers have come 60 ms after their predictions
+    late.add(0.060)
+    late.refresh(fake_time())
+    placed = _job(balancer, "placed")
+    placed.rebound = True  # stays on the slow replica, and holds it while the next one queues
+    slow_replica.enqueue(placed)
+    await settle()
+    from evenflow.balancer import Job
+
+    due = Job("due", 1, fake_time(), math.inf, asyncio.get_running_loop().create_future(),
+              due_s=fake_time() + 0.050)
+    slow_replica.enqueue(due)
+    slow.release()  # about to start it: 50 ms here, 2.5 ms on the wide one but 60 ms late
+    await settle()
+    assert narrow_replica.queued_requests + narrow.num_waiting == 1
+    assert not wide_replica.queued_requests and not wide.num_waiting
+    fake_time.advance(MAX_WAIT_S)
+    await settle()
+    narrow.release()
+    assert await due.future == ("out", "due")
+    await placed.future

@@ -1,3 +1,4 @@
+import dataclasses
 import random
 
 import pytest
@@ -76,6 +77,18 @@ def test_steal_moves_tail_work_that_finishes_sooner_on_the_thief() -> None:
     thief = load(batch_size=4)
     victim = load(queued_samples=12, running_remaining_s=0.02, batch_size=4)
     assert plan_steal(thief, victim, [1] * 12) == 4  # a batch's worth, no more
+
+
+def test_steal_leaves_work_in_time_where_it_is_when_the_thief_would_answer_it_late() -> None:
+    # The victim answers its tail within 38 ms, on time; the idle thief would in 12 ms but its
+    # answers have come 40 ms late. Due in 50 ms, the work stays; due in 100 ms, it moves.
+    victim = load(queued_samples=4, running_remaining_s=0.020, batch_size=4)
+    thief = load(batch_size=4, spread_s=0.040)
+    assert plan_steal(thief, victim, [1] * 4, [0.050] * 4) == 0
+    assert plan_steal(thief, victim, [1] * 4, [0.100] * 4) == 4
+    # Where the victim would answer late too, the sooner place wins, as without due times.
+    late_victim = dataclasses.replace(victim, spread_s=0.040)
+    assert plan_steal(thief, late_victim, [1] * 4, [0.050] * 4) == 4
 
 
 def test_steal_tops_up_a_starting_batch_only_to_its_room() -> None:
