@@ -20,8 +20,6 @@ class Placement(Protocol):
 
     def joins_next_batch(self, num_samples: int) -> bool: ...
 
-    def lateness_margin_s(self, now_s: float) -> float: ...
-
 
 class Admission:
     """One model's admission rules (``BalancerConfig``: count bounds, queueing budget, SLO).
@@ -62,16 +60,17 @@ class Admission:
         return None
 
     def in_time(self, replica: Placement, num_samples: int, now_s: float, finish_s: float,
-                deadline_s: float, queues: Sequence[JobQueue], num_in_service: int) -> None:
+                margin_s: float, deadline_s: float, queues: Sequence[JobQueue],
+                num_in_service: int) -> None:
         """Refuse now what the latency model predicts cannot finish in time (Nexus-style early
         drop), rather than queue it to time out later: past its own deadline, past the queueing
-        budget, or past the declared SLO. A replica that has not measured a batch yet has no
+        budget, or past the declared SLO. ``margin_s`` is how much later than predicted the
+        replica's answers have lately come. A replica that has not measured a batch yet has no
         prediction (infinite work): it is given the benefit of the doubt, within the count
         bounds, until its first batch is measured."""
         config, counters = self.config, self.counters
         if not math.isfinite(finish_s):
             return
-        margin_s = replica.lateness_margin_s(now_s)
         if now_s + finish_s + margin_s > deadline_s:
             counters.rejected["deadline"] += 1
             raise Overloaded(f"model {self.model_name!r} is predicted to answer in "

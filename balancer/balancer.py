@@ -265,7 +265,8 @@ class ModelBalancer:
         if not self._in_service:  # the one branch the parking costs a routed request
             return self._park_new(job)
         replica, finish_s = self._route(job, now_s)
-        self._admission.in_time(replica, num_samples, now_s, finish_s, deadline_s,
+        self._admission.in_time(replica, num_samples, now_s, finish_s,
+                                self._lateness_margin_s(replica, now_s), deadline_s,
                                 self._queues, len(self._in_service))
         if self.config.policy is Policy.LEAST_WORK:
             # The router is the only source of work for a replica's queue: a partial batch the
@@ -365,6 +366,14 @@ class ModelBalancer:
                    for load in loads)
         queued = loads[0].queued_samples + num_samples
         return replicas[0], min(load.running_remaining_s for load in loads) + queued / rate
+
+    def _lateness_margin_s(self, replica: Replica, now_s: float) -> float:
+        """How late the routed replica's answers have lately come against their predictions:
+        admission's margin. A shared queue's request runs on whichever replica frees first, so
+        there it is how late the model's answers have come, from all of them."""
+        if self.config.policy is Policy.SHARED_QUEUE:
+            return self.counters.lateness.margin_at(now_s)
+        return replica.lateness_margin_s(now_s)
 
     def _steal_for(self, thief: Replica) -> None:
         """Move queued jobs to ``thief`` from the busiest replicas first, while each would

@@ -23,16 +23,12 @@ class Placed:
 
     batch_s: float = 0.010  # its batch would take this long
     joins_next: bool = False  # it fits in the next batch
-    margin_s: float = 0.0  # how much later than predicted its answers have come lately
 
     def joining_batch_s(self, num_samples: int) -> float:
         return self.batch_s
 
     def joins_next_batch(self, num_samples: int) -> bool:
         return self.joins_next
-
-    def lateness_margin_s(self, now_s: float) -> float:
-        return self.margin_s
 
 
 def admission(**overrides: object) -> Admission:
@@ -60,23 +56,23 @@ def test_admission_in_time(overrides: dict[str, object], placed: Placed, finish_
                            deadline_s: float, reason: str | None) -> None:
     rules = admission(**overrides)
     if reason is None:
-        rules.in_time(placed, 1, NOW_S, finish_s, deadline_s, [JobQueue()], 1)
+        rules.in_time(placed, 1, NOW_S, finish_s, 0.0, deadline_s, [JobQueue()], 1)
         assert not rules.counters.rejected
         return
     with pytest.raises(Overloaded):
-        rules.in_time(placed, 1, NOW_S, finish_s, deadline_s, [JobQueue()], 1)
+        rules.in_time(placed, 1, NOW_S, finish_s, 0.0, deadline_s, [JobQueue()], 1)
     assert rules.counters.rejected == {reason: 1}
 
 
-def test_the_replicas_measured_lateness_counts_against_the_deadline_and_the_slo() -> None:
+def test_measured_lateness_counts_against_the_deadline_and_the_slo() -> None:
     rules = admission(slo_s=0.05)
     # Its answers have come 15 ms later than predicted: 30 ms predicted is 45 ms.
     with pytest.raises(Overloaded, match="after the request's deadline"):
-        rules.in_time(Placed(margin_s=0.015), 1, NOW_S, 0.030, NOW_S + 0.040, [JobQueue()], 1)
+        rules.in_time(Placed(), 1, NOW_S, 0.030, 0.015, NOW_S + 0.040, [JobQueue()], 1)
     with pytest.raises(Overloaded, match=r"\+15 ms of measured lateness"):
-        rules.in_time(Placed(margin_s=0.015), 1, NOW_S, 0.040, math.inf, [JobQueue()], 1)
+        rules.in_time(Placed(), 1, NOW_S, 0.040, 0.015, math.inf, [JobQueue()], 1)
     # Another replica's answers have come on time: the same prediction there is admitted.
-    rules.in_time(Placed(), 1, NOW_S, 0.040, NOW_S + 0.045, [JobQueue()], 1)
+    rules.in_time(Placed(), 1, NOW_S, 0.040, 0.0, NOW_S + 0.045, [JobQueue()], 1)
     assert rules.counters.rejected == {"deadline": 1, "latency_target": 1}
 
 

@@ -855,3 +855,19 @@ async def test_late_binding_moves_a_job_to_where_it_answers_in_time_by_its_sprea
     narrow.release()
     assert await due.future == ("out", "due")
     await placed.future
+
+
+async def test_a_shared_queue_admits_by_the_lateness_of_the_models_answers(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
+    # A shared queue's request runs on whichever replica frees first: its lateness is that of
+    # the model's answers from all of them, not of the replica routing names.
+    workers = [FakeWorker("a"), FakeWorker("b")]
+    balancer = make_balancer(workers, policy=Policy.SHARED_QUEUE, max_batch=4)
+    seed_fit(balancer, 0, 0.010, 0.0005)
+    seed_fit(balancer, 1, 0.010, 0.0005)
+    balancer.counters.lateness.add(0.045)  # the model's answers have come 45 ms late
+    balancer.counters.lateness.refresh(fake_time())
+    assert all(r.lateness_margin_s(fake_time()) == 0.0 for r in balancer.replicas)
+    with pytest.raises(Overloaded, match="deadline"):
+        balancer.submit("x", 1, deadline_s=fake_time() + 0.040)
+    assert balancer.counters.rejected == {"deadline": 1}
