@@ -24,16 +24,13 @@ def answer_batch(counters: ModelCounters, jobs: Sequence[Job], outputs: Sequence
     counters.compute_output.add(timing.copy_out_s * num_jobs, num_jobs)
     arrivals_s = 0.0
     observe = counters.latency.observe
-    late = counters.lateness.add
     for job, output in zip(jobs, outputs, strict=True):
         arrivals_s += job.arrival_s
         observe(now_s - job.arrival_s)
-        late(now_s - job.predicted_done_s)
         if not job.future.done():  # else the caller went away while the batch ran
             job.future.set_result(output)
     counters.queue.add(start_s * num_jobs - arrivals_s, num_jobs)
     counters.success.add(now_s * num_jobs - arrivals_s, num_jobs)
-    counters.lateness.refresh(now_s)
 
 
 def fail_jobs(counters: ModelCounters, jobs: Sequence[Job], error: BaseException,

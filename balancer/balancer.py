@@ -28,7 +28,13 @@ from evenflow.balancer.parking import ParkingLot
 from evenflow.balancer.policies import Policy, choose_least_work, choose_pow2, plan_steal
 from evenflow.balancer.queue import JobQueue
 from evenflow.balancer.replica import Replica
-from evenflow.balancer.stats import BalancerSnapshot, CpuParts, ModelCounters, ModelStatistics
+from evenflow.balancer.stats import (
+    BalancerSnapshot,
+    CpuParts,
+    Lateness,
+    ModelCounters,
+    ModelStatistics,
+)
 from evenflow.balancer.timebase import TimeSource, as_time_source
 
 __all__ = ["BalancerConfig", "ModelBalancer"]
@@ -76,6 +82,9 @@ class ModelBalancer:
                                     counters=self.counters)
         self._shared_queue = (self._new_queue() if config.policy is Policy.SHARED_QUEUE
                               else None)
+        # Replicas reading one queue share one lateness window too: a request runs on
+        # whichever frees first, so its margin is that of all their answers.
+        self._shared_lateness = Lateness() if self._shared_queue is not None else None
         self._ledger = ledger
         self._side = _ReplicaSide(self)
         self._queue_of: dict[Replica, JobQueue] = {}
@@ -103,7 +112,7 @@ class ModelBalancer:
         queue = self._shared_queue if self._shared_queue is not None else self._new_queue()
         replica = Replica(worker=worker, queue=queue, config=self.config,
                           counters=self.counters, time_source=self._time, owner=self._side,
-                          ledger=self._ledger)
+                          ledger=self._ledger, lateness=self._shared_lateness)
         self._queue_of[replica] = queue
         self._replicas.append(replica)
         self._replicas_changed()
@@ -266,7 +275,7 @@ class ModelBalancer:
             return self._park_new(job)
         replica, finish_s = self._route(job, now_s)
         self._admission.in_time(replica, num_samples, now_s, finish_s,
-                                self._lateness_margin_s(replica, now_s), deadline_s,
+                                replica.lateness_margin_s(now_s), deadline_s,
                                 self._queues, len(self._in_service))
         if self.config.policy is Policy.LEAST_WORK:
             # The router is the only source of work for a replica's queue: a partial batch the
@@ -366,14 +375,6 @@ class ModelBalancer:
                    for load in loads)
         queued = loads[0].queued_samples + num_samples
         return replicas[0], min(load.running_remaining_s for load in loads) + queued / rate
-
-    def _lateness_margin_s(self, replica: Replica, now_s: float) -> float:
-        """How late the routed replica's answers have lately come against their predictions:
-        admission's margin. A shared queue's request runs on whichever replica frees first, so
-        there it is how late the model's answers have come, from all of them."""
-        if self.config.policy is Policy.SHARED_QUEUE:
-            return self.counters.lateness.margin_at(now_s)
-        return replica.lateness_margin_s(now_s)
 
     def _steal_for(self, thief: Replica) -> None:
         """Move queued jobs to ``thief`` from the busiest replicas first, while each would

@@ -126,7 +126,8 @@ class Replica:
 
     def __init__(self, *, worker: Worker, queue: JobQueue, config: BalancerConfig,
                  counters: ModelCounters, time_source: TimeSource | None = None,
-                 owner: ReplicaOwner | None = None, ledger: DeviceLedger | None = None) -> None:
+                 owner: ReplicaOwner | None = None, ledger: DeviceLedger | None = None,
+                 lateness: Lateness | None = None) -> None:
         self.worker = worker
         self._queue = queue
         self._controller = BatchSizeController(
@@ -168,8 +169,9 @@ class Replica:
         self._restart_task: asyncio.Task[None] | None = None
         self._ledger = ledger  # models sharing devices: their replicas' work delays this one
         self._turn: tuple[DeviceTurns, str] | None = None  # the shared device this batch holds
-        # How late its own answers came against their predictions: routing's ``spread_s``.
-        self._lateness = Lateness()
+        # How late its answers came against their predictions: routing's ``spread_s`` and
+        # admission's margin (``lateness``: a window shared with the replicas of one queue).
+        self._lateness = lateness if lateness is not None else Lateness()
 
     @property
     def name(self) -> str:

@@ -231,9 +231,6 @@ class ModelCounters:
     # Admitted requests that never ran, by reason: deadline (passed in the queue), cancelled.
     dropped: Counter[str] = field(default_factory=Counter)
     latency: LatencyHistogram = field(default_factory=LatencyHistogram)
-    # How late the model's answers came, from every replica: a shared queue's admission margin
-    # (the other policies admit by the routed replica's own, ``Replica.lateness_margin_s``).
-    lateness: Lateness = field(default_factory=Lateness)
     cpu: CpuParts | None = None  # CPU time by part of the request path, when measured
     rerouted: int = 0  # requests moved off a replica that lost its worker
     rebound: int = 0  # requests moved by late binding as their batch was about to start
