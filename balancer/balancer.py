@@ -391,8 +391,8 @@ class ModelBalancer:
         # routed request, and would let it take a queue's worth it may answer late.
         for victim in victims:
             thief_load = dataclasses.replace(thief.load(now_s), stale=False)
-            count = plan_steal(thief_load, loads[id(victim)], victim.tail_sizes(),
-                               [due_s - now_s for due_s in victim.tail_due_s()])
+            tail = ((samples, due_s - now_s) for samples, due_s in victim.tail())
+            count = plan_steal(thief_load, loads[id(victim)], tail)
             if count:
                 thief.accept_moved(victim.give_up_newest(count), stolen=True)
 

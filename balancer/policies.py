@@ -12,7 +12,7 @@ import dataclasses
 import enum
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 # Predicted finishing times this close are a tie (broken at random): float noise, not a choice.
@@ -123,20 +123,22 @@ def choose_pow2(loads: Sequence[ReplicaLoad], rng: random.Random) -> int:
     return first if outstanding(first) <= outstanding(second) else second
 
 
-def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Sequence[int],
-               victim_tail_within_s: Sequence[float] | None = None) -> int:
+def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad,
+               victim_tail: Iterable[tuple[int, float]]) -> int:
     """How many jobs a replica should take from the tail of a busier replica's queue.
 
-    ``victim_tail_samples`` lists the victim's queued jobs' sizes, last queued first. A job moves
-    when it would finish sooner on the thief (behind what the thief already holds and took) than
-    where it is. The thief takes no more than the room left in its next batch (an idle thief: one
-    batch, or one job of any size), so it never hoards work it cannot start now.
+    ``victim_tail`` gives each of the victim's queued jobs' size and the seconds left until it
+    is due, last queued first; it is read only as far as jobs move. A job moves when it would
+    finish sooner on the thief (behind what the thief already holds and took) than where it is,
+    unless it is in time where it is and would not be on the thief. The thief takes no more than
+    the room left in its next batch (an idle thief: one batch, or one job of any size), so it
+    never hoards work it cannot start now.
     """
     room = thief.batch_size - thief.queued_samples
     taken_samples = 0
     victim_samples = victim.queued_samples
     count = 0
-    for samples in victim_tail_samples:
+    for samples, within_s in victim_tail:
         if taken_samples + samples > room and (count or thief.queued_samples):
             break
         here_s = dataclasses.replace(victim, queued_samples=victim_samples, queued_requests=0,
@@ -145,9 +147,7 @@ def plan_steal(thief: ReplicaLoad, victim: ReplicaLoad, victim_tail_samples: Seq
         there_s = thief.work_s(taken_samples + samples)
         if there_s >= here_s:
             break
-        if victim_tail_within_s is not None and (
-                here_s + victim.spread_s <= victim_tail_within_s[count]
-                < there_s + thief.spread_s):
+        if here_s + victim.spread_s <= within_s < there_s + thief.spread_s:
             break  # in time where it is even as late as that replica has been, not on the thief
         taken_samples += samples
         victim_samples -= samples

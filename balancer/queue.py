@@ -89,13 +89,12 @@ class JobQueue:
         self._forget(job)
         return job
 
-    def tail_sizes(self) -> list[int]:
-        """Sizes in the order ``pop_tail`` would return them."""
-        return [job.num_samples for level in reversed(self._levels) for job in reversed(level)]
-
-    def tail_due_s(self) -> list[float]:
-        """Due times in the order ``pop_tail`` would return the jobs."""
-        return [job.due_s for level in reversed(self._levels) for job in reversed(level)]
+    def tail(self) -> Iterator[tuple[int, float]]:
+        """Each queued job's (samples, due time), in the order ``pop_tail`` would return them.
+        Lazy: stealing reads a few jobs of a long queue, and must not copy all of it."""
+        for level in reversed(self._levels):
+            for job in reversed(level):
+                yield job.num_samples, job.due_s
 
     def take(self, max_samples: int, now_s: float) -> list[Job]:
         """Jobs from the front of the most urgent levels up to ``max_samples`` (at least one live

@@ -8,7 +8,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from evenflow.balancer.answers import answer_batch, fail_jobs
@@ -250,14 +250,10 @@ class Replica:
         """Whether ``num_samples`` more still fit in the next batch this replica starts."""
         return self._queue.num_samples + num_samples <= self._controller.batch_size
 
-    def tail_sizes(self) -> list[int]:
-        """Sizes of the queued jobs, newest (least urgent) first: the order they are given up
-        in (``give_up_newest``)."""
-        return self._queue.tail_sizes()
-
-    def tail_due_s(self) -> list[float]:
-        """Due times of the queued jobs, in ``tail_sizes``' order."""
-        return self._queue.tail_due_s()
+    def tail(self) -> Iterator[tuple[int, float]]:
+        """(samples, due time) of the queued jobs, newest (least urgent) first: the order they
+        are given up in (``give_up_newest``). Read it before the queue changes."""
+        return self._queue.tail()
 
     # What the balancer's routing does to it.
 

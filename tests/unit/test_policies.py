@@ -1,4 +1,5 @@
 import dataclasses
+import math
 import random
 
 import pytest
@@ -76,7 +77,7 @@ def test_pow2_takes_the_shorter_of_two() -> None:
 def test_steal_moves_tail_work_that_finishes_sooner_on_the_thief() -> None:
     thief = load(batch_size=4)
     victim = load(queued_samples=12, running_remaining_s=0.02, batch_size=4)
-    assert plan_steal(thief, victim, [1] * 12) == 4  # a batch's worth, no more
+    assert plan_steal(thief, victim, [(1, math.inf)] * 12) == 4  # a batch's worth, no more
 
 
 def test_steal_leaves_work_in_time_where_it_is_when_the_thief_would_answer_it_late() -> None:
@@ -84,26 +85,27 @@ def test_steal_leaves_work_in_time_where_it_is_when_the_thief_would_answer_it_la
     # answers have come 40 ms late. Due in 50 ms, the work stays; due in 100 ms, it moves.
     victim = load(queued_samples=4, running_remaining_s=0.020, batch_size=4)
     thief = load(batch_size=4, spread_s=0.040)
-    assert plan_steal(thief, victim, [1] * 4, [0.050] * 4) == 0
-    assert plan_steal(thief, victim, [1] * 4, [0.100] * 4) == 4
+    assert plan_steal(thief, victim, [(1, 0.050)] * 4) == 0
+    assert plan_steal(thief, victim, [(1, 0.100)] * 4) == 4
     # Where the victim would answer late too, the sooner place wins, as without due times.
     late_victim = dataclasses.replace(victim, spread_s=0.040)
-    assert plan_steal(thief, late_victim, [1] * 4, [0.050] * 4) == 4
+    assert plan_steal(thief, late_victim, [(1, 0.050)] * 4) == 4
 
 
 def test_steal_tops_up_a_starting_batch_only_to_its_room() -> None:
     thief = load(queued_samples=1, batch_size=4)  # about to start a batch of 1 of a possible 4
     victim = load(queued_samples=12, running_remaining_s=0.02, batch_size=4)
-    assert plan_steal(thief, victim, [1] * 12) == 3
-    assert plan_steal(thief, victim, [4, 1]) == 0  # a job larger than the room stays put
+    assert plan_steal(thief, victim, [(1, math.inf)] * 12) == 3
+    # a job larger than the room stays put
+    assert plan_steal(thief, victim, [(4, math.inf), (1, math.inf)]) == 0
     full = load(queued_samples=4, batch_size=4)
-    assert plan_steal(full, victim, [1] * 12) == 0
+    assert plan_steal(full, victim, [(1, math.inf)] * 12) == 0
 
 
 def test_steal_leaves_work_that_is_faster_where_it_is() -> None:
     slow_thief = load(base_s=0.5, per_sample_s=0.1, batch_size=4)
     victim = load(queued_samples=2, batch_size=4)
-    assert plan_steal(slow_thief, victim, [1, 1]) == 0
+    assert plan_steal(slow_thief, victim, [(1, math.inf)] * 2) == 0
 
 
 def test_busy_replica_is_priced_with_the_arrivals_that_will_join_its_next_batch() -> None:
@@ -126,7 +128,6 @@ def test_a_cold_replica_gets_one_probe_before_it_is_trusted() -> None:
 
 def test_a_queue_serves_urgent_levels_first_and_gives_up_its_least_urgent_tail() -> None:
     import asyncio
-    import math
 
     from evenflow.balancer.job import Job
     from evenflow.balancer.queue import JobQueue
@@ -140,7 +141,8 @@ def test_a_queue_serves_urgent_levels_first_and_gives_up_its_least_urgent_tail()
         for job in jobs.values():
             queue.push(job)
         assert (len(queue), queue.num_samples, queue.oldest_arrival_s) == (4, 10, 1.0)
-        assert queue.tail_sizes() == [3, 1, 4, 2]  # least urgent level's newest first
+        # the least urgent level's newest first
+        assert list(queue.tail()) == [(3, math.inf), (1, math.inf), (4, math.inf), (2, math.inf)]
         assert queue.pop_tail() is jobs["c"]
         assert queue.take(7, now_s=5.0) == [jobs["b"], jobs["d"], jobs["a"]]
         assert (len(queue), queue.num_samples) == (0, 0)
@@ -150,7 +152,6 @@ def test_a_queue_serves_urgent_levels_first_and_gives_up_its_least_urgent_tail()
 
 def test_a_batch_takes_only_jobs_of_the_first_ones_shape() -> None:
     import asyncio
-    import math
 
     from evenflow.balancer.job import Job
     from evenflow.balancer.queue import JobQueue
@@ -187,7 +188,6 @@ def test_an_idle_replica_on_a_stale_estimate_gets_a_probe() -> None:
 
 def test_a_queue_orders_by_due_time_and_moved_work_goes_behind() -> None:
     import asyncio
-    import math
 
     from evenflow.balancer.job import Job
     from evenflow.balancer.queue import JobQueue
