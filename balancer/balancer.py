@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import math
@@ -274,8 +273,11 @@ class ModelBalancer:
         if not self._in_service:  # the one branch the parking costs a routed request
             return self._park_new(job)
         replica, finish_s = self._route(job, now_s)
+        # A stale replica's price is a probe's 0: it takes the request to measure itself, so
+        # admission does not add the spread its old answers left (routing does not either).
+        probe = finish_s == 0.0
         self._admission.in_time(replica, num_samples, now_s, finish_s,
-                                replica.lateness_margin_s(now_s), deadline_s,
+                                0.0 if probe else replica.lateness_margin_s(now_s), deadline_s,
                                 self._queues, len(self._in_service))
         if self.config.policy is Policy.LEAST_WORK:
             # The router is the only source of work for a replica's queue: a partial batch the
@@ -284,6 +286,8 @@ class ModelBalancer:
                 if other.forming and other is not replica:
                     other.passed_over()
         if replica.fit_reliable:  # a prediction worth learning the error of
+            if probe:  # predicted by its fit, or its answer would teach it a spread of it all
+                finish_s = replica.load(now_s).priced_by_fit().work_s(num_samples)
             job.predicted_done_s = now_s + finish_s
         self._in_system += 1
         future.add_done_callback(self._leave_system)
@@ -390,7 +394,7 @@ class ModelBalancer:
         # A stale thief is priced by its old fit: its probe price (no work at all) is for one
         # routed request, and would let it take a queue's worth it may answer late.
         for victim in victims:
-            thief_load = dataclasses.replace(thief.load(now_s), stale=False)
+            thief_load = thief.load(now_s).priced_by_fit()
             tail = ((samples, due_s - now_s) for samples, due_s in victim.tail())
             count = plan_steal(thief_load, loads[id(victim)], tail)
             if count:

@@ -21,10 +21,11 @@ class Job:
 
     ``payload`` is opaque to the balancer (the server puts decoded tensors there); only the worker
     reads it. ``future`` resolves to the worker's output for this job, or to an EvenflowError.
-    ``level`` is the job's priority level as an index, 0 the most urgent. ``due_s`` orders it
-    within its level, earliest first: the balancer sets it to the earlier of the job's deadline
-    and its arrival plus the model's latency target, so jobs without a deadline keep arrival
-    order and one with a tight deadline moves ahead of them.
+    ``level`` is the job's priority level as an index, 0 the most urgent. ``due_s`` is when it
+    is due: the balancer sets it to the earlier of the job's deadline and its arrival plus the
+    model's latency target. A queue orders a level by ``order_s``, earliest first: the due time,
+    so jobs without a deadline keep arrival order and one with a tight deadline moves ahead of
+    them, but for a job moved from another replica, which goes behind what was queued.
     """
 
     payload: Any
@@ -36,7 +37,8 @@ class Job:
     predicted_done_s: float = math.inf  # when admission predicted it would be answered
     shape_key: Hashable = None  # jobs batch together only with the same key (None: any)
     attempts: int = 0  # times it was re-run after its worker was lost
-    due_s: float = math.inf  # queue order within a level (earliest deadline first)
+    due_s: float = math.inf  # when it is due (its deadline, or arrival + latency target)
+    order_s: float = math.inf  # its place in a queue's level (``JobQueue``), set there
     rebound: bool = False  # moved once by late binding (never again)
 
 

@@ -48,6 +48,11 @@ class ReplicaLoad:
     # of answered minus predicted, at least 0): how far its prediction may be off.
     spread_s: float = 0.0
 
+    def priced_by_fit(self) -> ReplicaLoad:
+        """This load priced by its fit even when stale: what the replica is predicted to take,
+        not the probe's price of no work that routing offers a stale replica."""
+        return dataclasses.replace(self, stale=False) if self.stale else self
+
     def work_s(self, extra_samples: int = 0) -> float:
         """Seconds until this replica has finished everything it holds, plus ``extra_samples``
         appended to its queue: the running batch's remainder, then the queue in batches.
@@ -59,7 +64,8 @@ class ReplicaLoad:
         if self.stale:
             # A replica that has sat idle on an old estimate (a device that was slow, or lost,
             # and has recovered) gets one request to measure itself again; a still-slow one
-            # costs that request, then is priced by its new measurement.
+            # costs that request, then is priced by its new measurement. Exactly 0 only here:
+            # a fit never prices work at 0 (``LatencyModel`` floors it).
             return 0.0
         if self.cold and (self.running_requests or self.queued_samples):
             # Probe, then trust: a replica that has not reported a batch yet takes one batch's

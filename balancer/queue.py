@@ -58,12 +58,17 @@ class JobQueue:
         return max(1, len(self._shapes)) if self._count else 0
 
     def push(self, job: Job) -> None:
+        """Queue ``job`` in due-time order within its level."""
+        self._insert(job, job.due_s)
+
+    def _insert(self, job: Job, order_s: float) -> None:
+        job.order_s = order_s
         jobs = self._levels[job.level]
-        if not jobs or jobs[-1].due_s <= job.due_s:
+        if not jobs or jobs[-1].order_s <= order_s:
             jobs.append(job)  # the common case: due times grow with arrival
         else:
             index = len(jobs) - 1
-            while index > 0 and jobs[index - 1].due_s > job.due_s:
+            while index > 0 and jobs[index - 1].order_s > order_s:
                 index -= 1
             jobs.insert(index, job)
         if job.shape_key is not None:
@@ -76,11 +81,10 @@ class JobQueue:
         """Queue ``job`` behind everything already queued at its level, whatever its due time:
         for work moved here from another replica (stealing, late binding), which was priced
         at the end of this queue, and must not push back jobs this replica already admitted
-        against their own predictions."""
+        against their own predictions. Its due time stays what it is: routing, stealing and
+        late binding read it as the time the caller waits for."""
         jobs = self._levels[job.level]
-        if jobs and jobs[-1].due_s > job.due_s:
-            job.due_s = jobs[-1].due_s
-        self.push(job)
+        self._insert(job, max(job.due_s, jobs[-1].order_s) if jobs else job.due_s)
 
     def pop_tail(self) -> Job:
         """The newest job of the least urgent non-empty level."""

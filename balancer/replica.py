@@ -268,7 +268,8 @@ class Replica:
 
     def accept_moved(self, jobs: Sequence[Job], *, stolen: bool) -> None:
         """Queue jobs moved here from another replica (``stolen`` by this one's work stealing,
-        or moved by late binding) behind what is queued already: they were priced there."""
+        or moved by late binding) behind what is queued already: they were priced there. They
+        keep the prediction made when they were routed (docs/architecture.md, Admission)."""
         for job in jobs:
             self._queue.push_behind(job)
         if stolen:

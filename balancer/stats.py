@@ -96,10 +96,12 @@ LATENESS_FORGET_S = 5.0
 
 class Lateness:
     """How much later than predicted admitted requests were answered: the high quantile of a
-    sliding window, refreshed once per batch. Admission adds it to a prediction, so the margin
-    it keeps is what the device-time model misses here (batch joiners, thread hand-offs, a busy
-    loop), learned rather than guessed. Admission reads it through ``margin_at``: a margin no
-    answer has renewed for ``LATENESS_FORGET_S`` is forgotten, its window with it."""
+    sliding window, refreshed once per batch. One per replica (a shared queue's replicas share
+    one): the margin it keeps is what the device-time model misses there (batch joiners,
+    thread hand-offs, a busy loop, another model's turns on the device), learned rather than
+    guessed. Admission adds it to a prediction; routing, work stealing and late binding read it
+    as the replica's spread. All read it through ``margin_at``: a margin no answer has renewed
+    for ``LATENESS_FORGET_S`` is forgotten, its window with it."""
 
     __slots__ = ("_fresh", "_grown", "_heard_s", "_quantile", "_recent", "_since_refresh",
                  "margin_s")

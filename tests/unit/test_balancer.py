@@ -799,10 +799,11 @@ async def test_least_work_routes_past_a_sooner_replica_whose_answers_come_late(
     # Replica a is predicted sooner (10.5 ms) but its answers have come 45 ms late; b is
     # predicted at 30.5 ms and on time. Within a 50 ms target only b answers in time.
     workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
-    # (Stealing and late binding compare predictions alone: with either, idle a would take
-    # b's job back before b starts it.)
+    # Late binding would give x back to a as b's batch starts: a is b's only alternative, and
+    # where no other replica is in time it takes the soonest, as routing does
+    # (docs/architecture.md).
     balancer = make_balancer(workers, adaptive_batching=False, max_batch=4,
-                             latency_target_s=0.050, work_stealing=False, late_binding=False)
+                             latency_target_s=0.050, late_binding=False)
     seed_fit(balancer, 0, 0.010, 0.0005)
     seed_fit(balancer, 1, 0.030, 0.0005)
     for replica in balancer.replicas:
@@ -823,6 +824,50 @@ async def test_least_work_routes_past_a_sooner_replica_whose_answers_come_late(
     for worker in workers:
         worker.release()
     assert await asyncio.gather(first, second) == [("out", "x"), ("out", "y")]
+
+
+def _stale_and_fresh(make_balancer: BalancerFactory, fake_time: FakeTime) -> ModelBalancer:
+    """Replicas a and b with one reliable fit (10.5 ms a request); a has sat idle for 2 s, so
+    routing prices it at a probe's no work and sends it the next request."""
+    workers = [FakeWorker("a", gated=True), FakeWorker("b", gated=True)]
+    balancer = make_balancer(workers, adaptive_batching=False, max_batch=4,
+                             latency_target_s=0.050, work_stealing=False, late_binding=False)
+    for index in (0, 1):
+        seed_fit(balancer, index, 0.010, 0.0005)
+    balancer.replicas[0]._last_done_s = fake_time() - 2.0
+    balancer.replicas[1]._last_done_s = fake_time()
+    return balancer
+
+
+async def test_a_stale_replicas_probe_is_predicted_by_its_fit(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
+    # Predicted at "now" (its probe price), the answer would teach a a spread of its whole
+    # batch time, and routing would then pass it over as late.
+    balancer = _stale_and_fresh(make_balancer, fake_time)
+    stale = balancer.replicas[0]
+    future = balancer.submit("x", 1)
+    await settle()
+    assert stale.worker.num_waiting == 1
+    fake_time.advance(0.0105)  # answered exactly when its fit says
+    stale.worker.release()
+    assert await future == ("out", "x")
+    assert stale.lateness_margin_s(fake_time()) == pytest.approx(0.0, abs=1e-9)
+
+
+async def test_a_stale_replicas_probe_is_admitted_whatever_spread_its_old_answers_left(
+        make_balancer: BalancerFactory, fake_time: FakeTime) -> None:
+    # Its answers came 60 ms late before it idled; routing sends it the probe regardless, so
+    # admission must not refuse the probe by that spread (b would have answered in time).
+    balancer = _stale_and_fresh(make_balancer, fake_time)
+    stale = balancer.replicas[0]
+    stale._lateness.add(0.060)
+    stale._lateness.refresh(fake_time())
+    future = balancer.submit("x", 1, deadline_s=fake_time() + 0.050)
+    await settle()
+    assert stale.worker.num_waiting == 1
+    fake_time.advance(0.0105)
+    stale.worker.release()
+    assert await future == ("out", "x")
 
 
 async def test_late_binding_moves_a_job_to_where_it_answers_in_time_by_its_spread(

@@ -104,7 +104,8 @@ async def test_work_moved_in_queues_behind_what_is_already_admitted() -> None:
     queue.push(job("admitted", due_s=10.0))
     moved = job("moved", due_s=1.0)  # due earlier, but priced at the end of this queue
     queue.push_behind(moved)
-    assert moved.due_s == 10.0
+    # still due when it was (stealing and late binding read that), ordered behind
+    assert (moved.due_s, moved.order_s) == (1.0, 10.0)
     queue.push(job("new", due_s=11.0))
     assert names(queue.take(10, now_s=0.0)) == ["admitted", "moved", "new"]
 

@@ -203,10 +203,12 @@ def test_a_queue_orders_by_due_time_and_moved_work_goes_behind() -> None:
         for each in (late, early, tight):
             queue.push(each)
         assert queue.take(3, now_s=0.0) == [tight, early, late]  # earliest due first
-        mine, moved = job("mine", 2.0), job("moved", 0.5)
+        mine, moved, later = job("mine", 2.0), job("moved", 0.5), job("later", 1.5)
         queue.push(mine)
         queue.push_behind(moved)  # stolen or rebound work: priced at the end, stays there
-        assert queue.take(2, now_s=0.0) == [mine, moved]
-        assert moved.due_s == 2.0
+        # still due when it was: stealing and late binding read the time its caller waits for
+        assert list(queue.tail()) == [(1, 0.5), (1, 2.0)]
+        queue.push(later)  # ordered among this queue's own jobs, ahead of the moved one
+        assert queue.take(3, now_s=0.0) == [later, mine, moved]
     finally:
         loop.close()
