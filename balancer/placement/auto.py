@@ -61,6 +61,19 @@ class AutoStrategy:
         self._planned_costs_s: dict[tuple[str, str], float] = {}  # one sample, at the last plan
 
     def moves(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
+        planned = self._planned(view)
+        if planned is not None:
+            # The tuner sits this tick out: "ticks in a row" must not span it.
+            self._tuner.reset()
+            return planned
+        return self._tune(view) or self._follow_overflow(view)
+
+    def _planned(self, view: PlacerView) -> Sequence[tuple[Move, str]] | None:
+        """This tick's moves when the tuner sits it out, else None: a plan's moves, or none
+        while the placement is not steady (no budget, moves in flight or just ended, a change
+        in the demand settling or planned for, costs that moved). A periodic plan that moves
+        nothing leaves the tick to the tuner: nothing changed that its runs of ticks
+        measure."""
         now_s = view.now_s
         if view.moves_in_flight:
             self._moved_at_s = now_s
@@ -85,9 +98,11 @@ class AutoStrategy:
             return self._made(view, self._propose(view, self.settings.periodic_min_gain,
                                                   demand_per_s), "costs", demand_per_s)
         if now_s - self._planned_at_s >= self.settings.plan_interval_s:
-            return self._plan_periodic(view)
+            periodic = self._plan_periodic(view)
+            if periodic:
+                return periodic
         if now_s - self._moved_at_s >= self.settings.tuner_pause_s:
-            return self._tune(view) or self._follow_overflow(view)
+            return None
         return ()
 
     def _costs_moved(self, view: PlacerView) -> bool:
@@ -138,35 +153,55 @@ class AutoStrategy:
         return [(move, "plan") for move in plan.moves]
 
     def _tune(self, view: PlacerView) -> Sequence[tuple[Move, str]]:
-        for name, work_s in sorted(view.mean_work_s.items()):
-            profile = view.profiles[name]
-            signal = self._tuner.observe(name, work_s, profile.slo_s)
-            if signal == "add":
-                # Plan as if this model's demand were twice what was measured: the planner then
-                # finds where one more replica of it helps most (swapping out an idle one if
-                # memory is short), or says that none does.
-                boosted = {**view.demand_per_s,
-                           name: 2.0 * max(view.demand_per_s.get(name, 0.0), 1.0)}
-                plan = propose(view.placement, view.devices, view.profiles, boosted,
-                               replace(self.settings.planner, max_moves=min(2, view.moves_left)))
-                adds = [m for m in plan.moves if m.kind == "add" and m.model == name]
-                if adds:
-                    moves = plan.moves[:plan.moves.index(adds[0]) + 1]
-                    if _takes_busy_room(view, moves):
-                        continue
-                    return [(move, "tuner") for move in moves]
-            elif signal == "drop":
-                # A pinned replica stays whatever the load: the operator asked for it there.
-                placed = [d for d in devices_of(view.serving, name) if d not in profile.pinned]
-                floor = floor_replicas(profile, view.long_demand_per_s.get(name, 0.0))
-                if len(devices_of(view.placement, name)) > max(floor, 1) and placed:
-                    slowest = max(placed, key=lambda d: profile.costs[d].batch_s(1))
-                    without = view.placement - {(name, slowest)}
-                    if (name, slowest) in overflow_replicas(without, view.devices,
-                                                            view.profiles, view.demand_per_s):
-                        continue  # the next plan would load it again
-                    return [(Move("drop", name, slowest), "tuner")]
+        """The tuner's moves for the first model (by name) whose signal brings some. Every
+        model is observed every tick the tuner runs, whether or not one before it moves, so
+        its runs of ticks have no gaps; a model with no measure of its work this tick (no
+        replica in routing, or only cold ones) has its runs broken. A signal decided on, with
+        moves or without, is settled; one whose turn did not come stands while the tuner
+        runs."""
+        signals: dict[str, str] = {}
+        for name in sorted(view.profiles):
+            work_s = view.mean_work_s.get(name)
+            if work_s is None:
+                self._tuner.reset(name)
+            elif signal := self._tuner.observe(name, work_s, view.profiles[name].slo_s):
+                signals[name] = signal
+        for name, signal in signals.items():
+            self._tuner.settle(name)
+            moves = self._more(view, name) if signal == "add" else self._fewer(view, name)
+            if moves:
+                return [(move, "tuner") for move in moves]
         return ()
+
+    def _more(self, view: PlacerView, name: str) -> Sequence[Move]:
+        """One more replica of ``name``, after the drops that make room for it, if one helps.
+        Planned as if its demand were twice what was measured: the planner then finds where
+        one more replica helps most (swapping out an idle one if memory is short), or says
+        that none does."""
+        boosted = {**view.demand_per_s, name: 2.0 * max(view.demand_per_s.get(name, 0.0), 1.0)}
+        plan = propose(view.placement, view.devices, view.profiles, boosted,
+                       replace(self.settings.planner, max_moves=min(2, view.moves_left)))
+        adds = [m for m in plan.moves if m.kind == "add" and m.model == name]
+        if not adds:
+            return ()
+        moves = plan.moves[:plan.moves.index(adds[0]) + 1]
+        return () if _takes_busy_room(view, moves) else moves
+
+    @staticmethod
+    def _fewer(view: PlacerView, name: str) -> Sequence[Move]:
+        """The drop of ``name``'s slowest replica, if it may give one back. A pinned replica
+        stays whatever the load: the operator asked for it there."""
+        profile = view.profiles[name]
+        placed = [d for d in devices_of(view.serving, name) if d not in profile.pinned]
+        floor = floor_replicas(profile, view.long_demand_per_s.get(name, 0.0))
+        if len(devices_of(view.placement, name)) <= max(floor, 1) or not placed:
+            return ()
+        slowest = max(placed, key=lambda d: profile.costs[d].batch_s(1))
+        without = view.placement - {(name, slowest)}
+        if (name, slowest) in overflow_replicas(without, view.devices, view.profiles,
+                                                view.demand_per_s):
+            return ()  # the next plan would load it again
+        return (Move("drop", name, slowest),)
 
     @staticmethod
     def _follow_overflow(view: PlacerView) -> Sequence[tuple[Move, str]]:

@@ -38,7 +38,7 @@ from evenflow.balancer.placement.inventory import (
     memory_used_bytes,
     models_on,
 )
-from evenflow.balancer.placement.moves import Move
+from evenflow.balancer.placement.moves import Move, floor_replicas
 from evenflow.balancer.placement.planner import Plan
 
 # Loads closer than this count as a tie: the program's loads are equal for every model that
@@ -101,9 +101,10 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
     """The overflow replicas to drop and to add, in that order: on each device where no
     replica serves demand, one replica of the neediest model (the module's docstring) that
     fits there, may have another replica and answers one request there within its SLO. A
-    device's overflow replica is swapped only for a clearly needier model, and never when it
-    is its model's only replica or pinned there. A device that holds two or more busy models
-    is left alone."""
+    device's overflow replica is swapped only for a clearly needier model, and never when its
+    model would go below its floor (``floor_replicas``: its configured minimum, and one while
+    it has demand) or it is pinned there. A device that holds two or more busy models is left
+    alone."""
     serving_pairs = serving_replicas(placement, profiles, demand_per_s)
     serving: dict[str, int] = {}
     for name, _ in serving_pairs:
@@ -131,9 +132,10 @@ def overflow_changes(placement: Placement, devices: Sequence[DeviceInfo],
                 continue
             if profile.max_replicas is not None and counts[name] >= profile.max_replicas:
                 continue
-            if any(counts[n] <= 1 or device.name in profiles[n].pinned
+            if any(counts[n] <= floor_replicas(profiles[n], demands[n].rate_per_s)
+                   or device.name in profiles[n].pinned
                    or not _clearly_needier(demands[name], demands[n]) for n in here):
-                break  # what is there is needed as much, nowhere else, or pinned here
+                break  # what is there is needed as much, at its floor, or pinned here
             drops += [(n, device.name) for n in here]
             adds.append((name, device.name))
             for n in here:

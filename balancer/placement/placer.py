@@ -11,9 +11,10 @@ the strategy for moves, and runs them as tasks it owns:
   keeps its floor of replicas in routing without this one; the balancer moves the replica's
   queued work to the others and lets its running batch finish before the worker closes, so no
   request is refused or lost because a replica moves;
-* an ``add`` that needs memory a ``drop`` before it frees waits for that drop, and the two
-  start together or not at all (``swaps.units``): the budget never runs a drop without the add
-  it makes room for.
+* an ``add`` that does not fit beside the replicas on its device waits for the drops in flight
+  there; one that needs memory a ``drop`` before it frees starts with that drop or not at all
+  (``swaps.units``): the budget never runs a drop without the add it makes room for, nor a
+  move of a swap whose other move cannot start.
 
 A drop never takes a model below one healthy replica in routing (the balancer's view, not the
 placer's: a replica restarting or on a lost device serves nothing), nor drops a pinned replica,
@@ -87,11 +88,13 @@ class PlacedReplica:
 @dataclass(frozen=True, slots=True)
 class PlacerSettings:
     """``tick_s``: how often demand and load are sampled and the strategy asked.
-    ``moves_per_minute``: the budget of moves, shared by every cause. ``on_demand_wait_s``: how
-    long a model with parked requests and no memory to load into waits for memory before its
-    requests fail (each fails at its own deadline first if it has one). ``idle_s``: a model
-    with nothing in flight and no request for this long is idle: its demand is 0 to the
-    strategy, and its replicas may be evicted."""
+    ``moves_per_minute``: the budget of the strategy's moves, shared by its causes (plans, the
+    tuner, overflow swaps); a load on demand and its evictions are neither held to it nor
+    counted in it, as requests wait on them. ``on_demand_wait_s``: how long a model with
+    parked requests and no memory to load into waits for memory before its requests fail
+    (each fails at its own deadline first if it has one). ``idle_s``: a model with nothing in
+    flight and no request for this long is idle: its demand is 0 to the strategy, and its
+    replicas may be evicted."""
 
     tick_s: float = 0.5
     moves_per_minute: int = 30
@@ -138,6 +141,7 @@ class Placer:
         self._loop_task: asyncio.Task[None] | None = None
         self._closing = False
         self._held: collections.Counter[str] = collections.Counter()  # bytes, by device
+        self._overcommitted: set[str] = set()  # devices warned about (``_warn_overcommitted``)
 
     # -- models ---------------------------------------------------------------------------
 
@@ -164,6 +168,7 @@ class Placer:
         """Reserve memory for a replica built outside the placer (a model's first replicas,
         loaded by the engine), until ``release``."""
         self._held[device] += memory_bytes
+        self._warn_overcommitted()  # the engine raises its hold to what a replica measured
 
     def release(self, device: str, memory_bytes: int) -> None:
         self._held[device] -= memory_bytes
@@ -184,6 +189,25 @@ class Placer:
             logger.info("model %s: a replica needs %.2f GiB, not %.2f GiB", name,
                         memory_bytes / 2**30, model.template.memory_bytes / 2**30)
             model.template = replace(model.template, memory_bytes=memory_bytes)
+            self._warn_overcommitted()
+
+    def _warn_overcommitted(self) -> None:
+        """Warn, once while it lasts, about each device whose replicas now reserve more than
+        its memory: they were placed by a smaller footprint than one of them then measured.
+        Nothing is dropped for it (a measured peak is what a batch may reach, not memory in use
+        now); the device's free memory reads negative, so no load goes there until it is back
+        within, and a load on demand evicts that much more there (``on_demand``)."""
+        over = set()
+        for device in self.devices:
+            used_bytes = self._used_bytes(device.name)
+            if used_bytes <= device.memory_bytes:
+                continue
+            over.add(device.name)
+            if device.name not in self._overcommitted:
+                logger.warning("placement: device %s: replicas reserve %.2f GiB, over its %.2f "
+                               "GiB, since a measured activation peak raised a footprint",
+                               device.name, used_bytes / 2**30, device.memory_bytes / 2**30)
+        self._overcommitted = over
 
     def add_device(self, device: DeviceInfo, speed: float) -> None:
         self.devices.append(device)
@@ -302,11 +326,13 @@ class Placer:
             for replica in model.balancer.snapshot().replicas:
                 if len(replica.devices) == 1:
                     self._observe_cost(name, model, replica)
-                if replica.healthy:
+                # A cold replica holding work prices it at infinity (it has not measured
+                # itself yet): unknown, so it is left out of the mean, not counted as none.
+                if replica.healthy and math.isfinite(replica.outstanding_work_s):
                     works.append(replica.outstanding_work_s)
             model.observe_demand(now_s)
             if works:
-                mean_work[name] = sum(w for w in works if math.isfinite(w)) / len(works)
+                mean_work[name] = sum(works) / len(works)
         return PlacerView(
             now_s=now_s, devices=self.devices, profiles=self.profiles(),
             placement=self._placement(*ReplicaState), serving=self._placement(
@@ -332,9 +358,11 @@ class Placer:
 
     def carry_out(self, moves: Sequence[tuple[Move, str]], *, budgeted: bool = True) -> None:
         """Start ``moves`` in order, within the budget unless not ``budgeted``; each waits for
-        the earlier moves it depends on (see the module's docstring). The budget is spent by
-        the moves that start, a swap's at once (``swaps.units``): the first unit that does not
-        fit ends the list, so the moves that run are always a prefix of it."""
+        the earlier moves it depends on (see the module's docstring). A swap (``swaps.units``)
+        starts whole or not at all: if one of its moves cannot start (its replica is moving
+        already, or gone), neither does the rest, as an add without the drop it counts on
+        would only fail for memory, and a drop without its add only cost a replica. The budget
+        is spent by the units that start: the first that does not fit ends the list."""
         if self._closing:
             return
         now_s = self._time.clock()
@@ -342,15 +370,15 @@ class Placer:
         left = self._budget.left(now_s)
         for unit in units(moves):
             claimed: set[tuple[str, str]] = set()
-            starting = [(move, reason) for move, reason in unit
-                        if self._startable(move, claimed)]
-            if budgeted and len(starting) > left:
+            if not all(self._startable(move, claimed) for move, _ in unit):
+                continue
+            if budgeted and len(unit) > left:
                 break
-            for move, reason in starting:
+            for move, reason in unit:
                 earlier.append((move, self._start(move, reason, earlier, now_s)))
-            if budgeted and starting:
-                self._budget.spend(now_s, len(starting))
-                left -= len(starting)
+            if budgeted:
+                self._budget.spend(now_s, len(unit))
+                left -= len(unit)
 
     def _startable(self, move: Move, claimed: set[tuple[str, str]]) -> bool:
         """Whether ``move`` would start now (nothing else moves its replica); ``claimed``:
@@ -367,18 +395,34 @@ class Placer:
     def _start(self, move: Move, reason: str, earlier: list[tuple[Move, asyncio.Task[None]]],
                now_s: float) -> asyncio.Task[None]:
         key = (move.model, move.device)
+        # Captured now, while ``_startable`` holds: by the time the move's task first runs, or
+        # has waited for the moves before it, a reload may have put another model under the
+        # same name, whose replicas this move must not touch.
+        model = self._models[move.model]
         if move.kind == "add":
-            after = [task for m, task in earlier if m.kind == "drop" and m.device == move.device]
             placeholder = PlacedReplica(move.model, move.device, ReplicaState.LOADING, now_s)
             self._replicas[key] = placeholder
-            work = self._add(move, reason, after, placeholder)
+            # One that does not fit beside the replicas there now counts on the memory that the
+            # drops in flight there free: its swap's, or (on demand) ``_freeing_bytes``.
+            after = [] if self._fits(move) else self._drops_in_flight(move.device)
+            work = self._add(move, reason, model, after, placeholder)
         else:
-            after = [task for m, task in earlier if m.kind == "add" and m.model == move.model]
-            work = self._drop(move, reason, after)
+            adds = [(m, task) for m, task in earlier if m.kind == "add" and m.model == move.model]
+            work = self._drop(move, reason, model, self._replicas[key], adds)
         task = asyncio.get_running_loop().create_task(work, name=f"evenflow-{move.kind}")
         self._tasks[key] = task
         task.add_done_callback(functools.partial(self._move_finished, key))
         return task
+
+    def _drops_in_flight(self, device: str) -> list[asyncio.Task[None]]:
+        return [task for key, task in self._dropping().items() if key[1] == device]
+
+    def _dropping(self) -> dict[tuple[str, str], asyncio.Task[None]]:
+        """The drops in flight, by their replica's key (a move in flight on a replica that is
+        not loading is its drop)."""
+        return {key: task for key, task in self._tasks.items()
+                if (replica := self._replicas.get(key)) is not None
+                and replica.state is not ReplicaState.LOADING}
 
     def _move_finished(self, key: tuple[str, str], task: asyncio.Task[None]) -> None:
         if self._tasks.get(key) is task:  # an orphan's key may be another move's by now
@@ -397,14 +441,14 @@ class Placer:
         log("placement: %s %s on %s (%s): %s in %.2f s", move.kind, move.model, move.device,
             reason, outcome, record.took_s)
 
-    async def _add(self, move: Move, reason: str, after: list[asyncio.Task[None]],
+    async def _add(self, move: Move, reason: str, model: _Model, after: list[asyncio.Task[None]],
                    placeholder: PlacedReplica) -> None:
-        """Load ``move``'s replica into routing, unless its entry (``placeholder``) is gone by
-        then: its model was forgotten or its device left (``_orphan``), and the worker is
-        closed instead. Until the loader returns, ``close`` may cancel it."""
+        """Load ``move``'s replica of ``model`` into routing, unless its entry
+        (``placeholder``) is gone by then: its model was forgotten or its device left
+        (``_orphan``), and the worker is closed instead. Until the loader returns, ``close``
+        may cancel it."""
         started_s = self._time.clock()
         key = (move.model, move.device)
-        model = self._models[move.model]  # carry_out started it for a known model
         task = asyncio.current_task()
         assert task is not None
         self._abandonable.add(task)
@@ -412,9 +456,13 @@ class Placer:
             if after:  # wait, not gather: cancelling this add must not cancel their drains
                 await asyncio.wait(after)
             gone = self._gone(move, model, placeholder)
-            if gone is not None or not self._fits(move):
+            if gone is not None:
                 self._load_ended(move, model, placeholder)
-                self._record(move, reason, started_s, f"skipped: {gone or 'no memory'}")
+                self._record(move, reason, started_s, f"skipped: {gone}")
+                return
+            if not self._fits(move):
+                self._load_ended(move, model, placeholder, short_of_memory=True)
+                self._record(move, reason, started_s, "skipped: no memory")
                 return
             if not model.balancer.serving:
                 model.balancer.expect_replica()
@@ -449,15 +497,24 @@ class Placer:
             return "device gone"
         return "closing" if self._closing else None
 
-    def _load_ended(self, move: Move, model: _Model, placeholder: PlacedReplica) -> None:
+    def _load_ended(self, move: Move, model: _Model, placeholder: PlacedReplica, *,
+                    short_of_memory: bool = False) -> None:
         """A load ended without a replica: its entry goes, and unless another load of the
-        model is in flight (or a replica is in routing) its parked requests fail."""
+        model is in flight (or a replica is in routing) its parked requests fail. A load
+        skipped ``short_of_memory`` did not fail, though: the memory it counted on is not free
+        (an eviction before it refused to drain), so its requests wait for memory as those of
+        a model that fits nowhere now do (``_wait_for_memory``)."""
         key = (move.model, move.device)
         if self._replicas.get(key) is placeholder:
             del self._replicas[key]
         current = self._models.get(move.model) is model
-        if not model.balancer.serving and not (current and self._loading(move.model)):
-            model.balancer.cancel_expected()
+        if model.balancer.serving or (current and self._loading(move.model)):
+            return
+        if short_of_memory and current and model.balancer.parked_requests:
+            self._wait_for_memory(model, self._time.clock())
+            return
+        model.waiting_since_s = None
+        model.balancer.cancel_expected()
 
     def _loading(self, name: str) -> bool:
         return any(r.state is ReplicaState.LOADING for key, r in self._replicas.items()
@@ -468,25 +525,44 @@ class Placer:
         device = next((d for d in self.devices if d.name == move.device), None)
         return device is not None and self._used_bytes(move.device) <= device.memory_bytes
 
-    async def _drop(self, move: Move, reason: str, after: list[asyncio.Task[None]]) -> None:
+    async def _drop(self, move: Move, reason: str, model: _Model, replica: PlacedReplica,
+                    adds: list[tuple[Move, asyncio.Task[None]]]) -> None:
+        """Drain ``replica`` of ``model`` out of routing once the ``adds`` of its model before
+        it have ended, unless ``_drop_refusal`` says it must stay."""
         started_s = self._time.clock()
         key = (move.model, move.device)
-        if after:
-            await asyncio.wait(after)
-        model = self._models.get(move.model)
-        replica = self._replicas.get(key)
-        if model is None or replica is None or replica.worker is None:
-            self._record(move, reason, started_s, "skipped: replica gone")
-            return
-        refusal = "closing" if self._closing else self._keeps(model, replica)
+        if adds:
+            await asyncio.wait([task for _, task in adds])
+        refusal = self._drop_refusal(move, model, replica, [add for add, _ in adds])
         if refusal is not None:
             self._record(move, reason, started_s, f"skipped: {refusal}")
             return
+        assert replica.worker is not None  # a serving replica's (``_startable``)
         replica.state = ReplicaState.DRAINING
         await model.balancer.remove_replica(replica.worker)
         if self._replicas.get(key) is replica:  # not a reloaded model's by now
             del self._replicas[key]
         self._record(move, reason, started_s, "done")
+
+    def _drop_refusal(self, move: Move, model: _Model, replica: PlacedReplica,
+                      adds: Sequence[Move]) -> str | None:
+        """Why the drop of ``replica`` may not start now, if it may not: it is no longer the
+        placer's (its model was forgotten, or reloaded: another record under the same name,
+        or its device left), placement is closing, an add it waited for (``adds``) ended
+        without a replica (a move whose load failed keeps the replica it meant to replace), or
+        ``_keeps``."""
+        if self._models.get(move.model) is not model or \
+                self._replicas.get((move.model, move.device)) is not replica:
+            return "replica gone"
+        if self._closing:
+            return "closing"
+        if not all(self._serves(add.model, add.device) for add in adds):
+            return "the replica it waited for did not load"
+        return self._keeps(model, replica)
+
+    def _serves(self, name: str, device: str) -> bool:
+        replica = self._replicas.get((name, device))
+        return replica is not None and replica.state is ReplicaState.SERVING
 
     def _keeps(self, model: _Model, replica: PlacedReplica) -> str | None:
         """Why ``replica`` must stay, if it must. Every drop passes here, whoever proposed
@@ -514,21 +590,27 @@ class Placer:
         model = self._models.get(name)
         if model is None or self._closing or any(key[0] == name for key in self._replicas):
             return
-        now_s = self._time.clock()
         moves = self._on_demand_moves(name)
-        if moves is None:
-            if model.waiting_since_s is None:
-                model.waiting_since_s = now_s
-                model.balancer.expect_replica()  # the requests wait for memory to free up
-                logger.warning("placement: no device has memory for %s now", name)
-            elif now_s - model.waiting_since_s > self.settings.on_demand_wait_s:
-                model.waiting_since_s = None
-                model.balancer.cancel_expected()
-            return
-        model.waiting_since_s = None  # a wait for memory ends here, whatever the load does
-        model.balancer.expect_replica()
-        # Not held to the budget: requests are waiting on this load.
-        self.carry_out([(move, "demand") for move in moves], budgeted=False)
+        if moves is not None:
+            model.balancer.expect_replica()
+            # Not held to the budget: requests are waiting on this load.
+            self.carry_out([(move, "demand") for move in moves], budgeted=False)
+            if self._loading(name):
+                return
+        self._wait_for_memory(model, self._time.clock())
+
+    def _wait_for_memory(self, model: _Model, now_s: float) -> None:
+        """No load of ``model`` can start for want of memory: its parked requests wait for
+        memory to free up (the tick asks ``_on_demand`` again), for ``on_demand_wait_s`` from
+        when the wait began; a load started meanwhile and skipped for memory does not restart
+        that clock. Then they fail."""
+        if model.waiting_since_s is None:
+            model.waiting_since_s = now_s
+            model.balancer.expect_replica()
+            logger.warning("placement: no device has memory for %s now", model.template.name)
+        elif now_s - model.waiting_since_s > self.settings.on_demand_wait_s:
+            model.waiting_since_s = None
+            model.balancer.cancel_expected()
 
     def _on_demand_moves(self, name: str) -> list[Move] | None:
         profiles = self.profiles()
@@ -538,17 +620,32 @@ class Placer:
                 evictable[device].append(Evictable(
                     model, self._models[model].template.memory_bytes,
                     self._models[model].demand.last_arrival_s))
-        return on_demand_moves(profiles[name], self.devices, self.free_bytes(), evictable)
+        free = self.free_bytes()
+        for device, memory_bytes in self._freeing_bytes().items():
+            free[device] += memory_bytes  # the add waits for those drops (``_start``)
+        return on_demand_moves(profiles[name], self.devices, free, evictable)
+
+    def _freeing_bytes(self) -> collections.Counter[str]:
+        """The memory that drops in flight will free, by device. A load that counts on it
+        waits for them (``_start``); one that started first holds its share already (its entry
+        counts in ``free_bytes`` from its start), so no two loads count on the same bytes."""
+        freeing: collections.Counter[str] = collections.Counter()
+        for name, device in self._dropping():
+            if (model := self._models.get(name)) is not None:
+                freeing[device] += model.template.memory_bytes
+        return freeing
 
     def _evictable(self, name: str, device: str, profiles: Mapping[str, ModelProfile]) -> bool:
         """A replica that serves, above its model's configured minimum, of an idle model or
         an overflow one (``overflow_replica``), that a drop would take (``_keeps``): an
-        eviction the drop would refuse would only make the load after it fail for memory. The
-        least recently used go first, so an idle model's replica goes before an overflow
-        replica of a busy one."""
+        eviction the drop would refuse would only make the load after it fail for memory. Not
+        one a drop has taken already: a second drop of it could not start, and what its drop
+        frees counts as free (``_freeing_bytes``). The least recently used go first, so an
+        idle model's replica goes before an overflow replica of a busy one."""
         model = self._models.get(name)
         replica = self._replicas.get((name, device))
-        if model is None or replica is None or replica.state is not ReplicaState.SERVING:
+        if model is None or replica is None or replica.state is not ReplicaState.SERVING \
+                or (name, device) in self._tasks:
             return False
         count = sum(1 for (n, _) in self._replicas if n == name)
         if count <= model.template.min_replicas:

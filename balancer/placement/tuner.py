@@ -30,7 +30,9 @@ class Tuner:
         self._quiet: collections.Counter[str] = collections.Counter()
 
     def observe(self, model: str, mean_work_s: float, slo_s: float) -> str | None:
-        """One tick's signal for ``model``: "add", "drop" or None."""
+        """One tick's signal for ``model``: "add", "drop" or None. A signal stands (comes
+        again each tick its load stays) until ``settle``: the caller decides on one model a
+        tick, and another's signal must wait for its turn, not be lost."""
         settings = self.settings
         if self._quiet[model] > 0:
             self._quiet[model] -= 1
@@ -40,14 +42,23 @@ class Tuner:
         self._over[model] = self._over[model] + 1 if over else 0
         self._under[model] = self._under[model] + 1 if under else 0
         if self._over[model] >= settings.hold_ticks:
-            self._settle(model)
             return "add"
         if self._under[model] >= settings.drop_hold_ticks:
-            self._settle(model)
             return "drop"
         return None
 
-    def _settle(self, model: str) -> None:
+    def reset(self, model: str | None = None) -> None:
+        """A tick on which ``model`` (every model, if None) was not observed: its runs of ticks
+        over or under a threshold end, as the ticks around the gap are not in a row."""
+        for counts in (self._over, self._under):
+            if model is None:
+                counts.clear()
+            else:
+                counts.pop(model, None)
+
+    def settle(self, model: str) -> None:
+        """A decision on ``model``'s signal was made (moves, or none): it is left alone for
+        ``hold_ticks`` ticks, then counts afresh."""
         self._over[model] = self._under[model] = 0
         self._quiet[model] = self.settings.hold_ticks
 

@@ -1,17 +1,21 @@
 """The placement planner: the LP, the capacity arithmetic of a placement, the greedy search
-and the enumeration it is measured against, the demand meter, the tuner's hysteresis and the
-move budget. Pure functions and plain objects: no loop, no clock but the numbers given."""
+and the enumeration it is measured against, the floors an overflow swap keeps, the demand
+meter, the tuner's hysteresis (alone and in the strategy) and the move budget. Pure functions
+and plain objects: no loop, no clock but the numbers given."""
 
 from __future__ import annotations
 
 import itertools
 import math
 import random
+from collections.abc import Collection, Mapping, Sequence
 
 import pytest
 
 from evenflow.balancer.capacity import DeviceCost, largest_batch_within, rate_within_per_s
+from evenflow.balancer.placement import auto
 from evenflow.balancer.placement.assessment import assess
+from evenflow.balancer.placement.auto import AutoSettings, AutoStrategy
 from evenflow.balancer.placement.costs import CostBook
 from evenflow.balancer.placement.demand import DemandMeter
 from evenflow.balancer.placement.enumeration import best_placement
@@ -23,7 +27,9 @@ from evenflow.balancer.placement.inventory import (
     fits,
 )
 from evenflow.balancer.placement.moves import Move, floor_replicas, order_moves
+from evenflow.balancer.placement.overflow import overflow_changes
 from evenflow.balancer.placement.planner import (
+    Plan,
     PlannerSettings,
     candidate_moves,
     propose,
@@ -31,6 +37,7 @@ from evenflow.balancer.placement.planner import (
 )
 from evenflow.balancer.placement.simplex import maximize
 from evenflow.balancer.placement.tuner import MoveBudget, Tuner, TunerSettings
+from evenflow.balancer.placement.view import PlacerView
 
 GIB = 2**30
 SPEEDS = {"d0": 1.0, "d1": 1.0, "d2": 0.5, "d3": 0.25}
@@ -126,8 +133,10 @@ def test_a_plan_keeps_every_model_with_demand_placed() -> None:
         for move in plan.moves:
             current = current - {(move.model, move.device)} if move.kind == "drop" else \
                 current | {(move.model, move.device)}
-            # A drop of a swap comes before its add, so after each step every model with
-            # demand still has a replica unless this step is that swap's drop.
+            # Every step on the way fits, and leaves every model (each has demand) a replica:
+            # a swap's drop frees memory for another model's add, never its model's last one.
+            assert fits(current, DEVICES, PROFILES), plan.moves
+            assert all(devices_of(current, name) for name in PROFILES), (current, plan.moves)
         for name in PROFILES:
             assert devices_of(plan.placement, name), (name, plan.moves)
         placement = plan.placement
@@ -190,6 +199,18 @@ def test_floors_pins_and_maximum_counts() -> None:
     assert floor_replicas(PROFILES["big"], 1.0) == 1
 
 
+def test_an_overflow_replica_is_not_swapped_out_below_its_models_minimum() -> None:
+    # b is hot and alone on d0; a has two replicas, one of them d3's overflow replica. b is
+    # clearly needier, so d3 changes hands; unless a's minimum is two, which the drop would
+    # refuse (and the add after it would fail for memory, tick after tick).
+    profiles = {name: profile(name, 7) for name in "abc"}
+    held: Placement = frozenset({("b", "d0"), ("c", "d1"), ("a", "d2"), ("a", "d3")})
+    hot_b = {"a": 80.0, "b": 240.0, "c": 80.0}
+    assert overflow_changes(held, DEVICES, profiles, hot_b) == ([("a", "d3")], [("b", "d3")])
+    floored = {**profiles, "a": profile("a", 7, min_replicas=2)}
+    assert overflow_changes(held, DEVICES, floored, hot_b) == ([], [])
+
+
 def test_a_model_that_fits_nowhere_is_not_placed() -> None:
     profiles = {**PROFILES, "huge": profile("huge", 20)}
     plan = propose(frozenset(), DEVICES, profiles, {"huge": 100.0, "big": 100.0})
@@ -220,18 +241,73 @@ def test_demand_meter_short_and_long_windows() -> None:
     assert meter.idle_for_s(30.0) == pytest.approx(10.0, abs=0.5)
 
 
+def decided(tuner: Tuner, model: str, mean_work_s: float, slo_s: float) -> str | None:
+    """One tick's signal, decided on at once (as the strategy does when it is the model's
+    turn)."""
+    signal = tuner.observe(model, mean_work_s, slo_s)
+    if signal is not None:
+        tuner.settle(model)
+    return signal
+
+
 def test_tuner_hysteresis_holds_under_an_oscillating_load() -> None:
     tuner = Tuner(TunerSettings(add_above=0.5, drop_below=0.02, hold_ticks=4,
                                 drop_hold_ticks=8))
     slo_s = 0.05
     # Over and under the add threshold every other tick: never a decision.
-    signals = [tuner.observe("m", 0.04 if tick % 2 else 0.01, slo_s) for tick in range(200)]
+    signals = [decided(tuner, "m", 0.04 if tick % 2 else 0.01, slo_s) for tick in range(200)]
     assert set(signals) == {None}
     # Over for four ticks in a row: one add, then quiet while the replica loads.
-    signals = [tuner.observe("m", 0.04, slo_s) for _ in range(8)]
+    signals = [decided(tuner, "m", 0.04, slo_s) for _ in range(8)]
     assert signals.count("add") == 1
-    signals = [tuner.observe("m", 0.0, slo_s) for _ in range(30)]
+    signals = [decided(tuner, "m", 0.0, slo_s) for _ in range(30)]
     assert signals.count("drop") == 2  # every 8 + 4 quiet ticks
+
+
+def tuner_drops(monkeypatch: pytest.MonkeyPatch, works: Sequence[Mapping[str, float]],
+                in_flight: Collection[int] = ()) -> dict[int, list[Move]]:
+    """The tuner's drops, by tick, for a and b, each with a replica on d0 and d1 and no
+    demand, given each tick's mean outstanding work (``works``) and the ticks with moves in
+    flight. Plans move nothing, so the tuner is alone in deciding, and holds for 4 ticks."""
+    def no_moves(placement: Placement, *_: object) -> Plan:
+        before = assess(placement, profiles, {})
+        return Plan(placement, (), before, before)
+
+    monkeypatch.setattr(auto, "propose", no_moves)
+    devices = DEVICES[:2]
+    profiles = {name: profile(name, 4) for name in "ab"}
+    placed: Placement = frozenset((name, d.name) for name in profiles for d in devices)
+    strategy = AutoStrategy(AutoSettings(plan_interval_s=1e9, tuner_pause_s=0.0,
+                                         tuner=TunerSettings(hold_ticks=4, drop_hold_ticks=4)))
+    drops: dict[int, list[Move]] = {}
+    idle = dict.fromkeys(profiles, 0.0)
+    for tick, work_s in enumerate(works):
+        view = PlacerView(0.5 * tick, devices, profiles, placed, placed, idle, idle, work_s,
+                          moves_left=30, moves_in_flight=1 if tick in in_flight else 0)
+        moved = [move for move, reason in strategy.moves(view) if reason == "tuner"]
+        if moved:
+            drops[tick] = moved
+    return drops
+
+
+def test_the_tuner_counts_a_model_on_a_tick_another_model_moves(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a's work is under the drop threshold every tick; b's too but on tick 4, when it is
+    # between the thresholds. a's drop comes first, and b's run of ticks restarts at tick 4
+    # whether or not a moved then: b gives a replica back at tick 8, 4 ticks under after it.
+    under, between = 0.0, 0.1 * profile("b", 4).slo_s
+    works = [{"a": under, "b": between if tick == 4 else under} for tick in range(10)]
+    drops = tuner_drops(monkeypatch, works)
+    first_b = min(tick for tick, moves in drops.items() if moves[0].model == "b")
+    assert first_b == 8, drops
+
+
+def test_a_tick_the_tuner_sits_out_breaks_its_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under the drop threshold every tick, with moves in flight on tick 2: the 4 ticks in a
+    # row are 3 to 6, not 0, 1, 3 and 4 around the pause.
+    works = [{"a": 0.0, "b": 0.0} for _ in range(8)]
+    drops = tuner_drops(monkeypatch, works, in_flight={2})
+    assert min(drops) == 6, drops
 
 
 def test_move_budget_is_per_minute() -> None:

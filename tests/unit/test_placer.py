@@ -6,6 +6,7 @@ deadline."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 
@@ -17,7 +18,7 @@ from evenflow.balancer.ledger import DeviceLedger
 from evenflow.balancer.placement.inventory import DeviceInfo, ModelProfile
 from evenflow.balancer.placement.moves import Move
 from evenflow.balancer.placement.placer import Placer, PlacerSettings
-from evenflow.balancer.placement.view import PlacerView, Static
+from evenflow.balancer.placement.view import PlacerView, Static, Strategy
 from evenflow.balancer.timebase import sleep_s
 from tests.fakes import FakeWorker
 from tests.unit.balancer_fakes import FakeTime, answered, settle
@@ -72,13 +73,15 @@ class Scripted:
 
 class World:
     def __init__(self, time: FakeTime, speeds: Mapping[str, float] | None = None,
-                 settings: PlacerSettings = SETTINGS) -> None:
+                 settings: PlacerSettings = SETTINGS, strategy: Strategy | None = None) -> None:
+        """``strategy``: the placer's, else one the test scripts (``self.strategy``)."""
         self.time = time
         self.ledger = DeviceLedger()
         self.loader = Loader(time)
         self.strategy = Scripted()
         self.placer = Placer(devices=DEVICES, speeds=speeds or {}, loader=self.loader,
-                             strategy=self.strategy, time_source=time, settings=settings)
+                             strategy=strategy or self.strategy, time_source=time,
+                             settings=settings)
         self.balancers: dict[str, ModelBalancer] = {}
         self.placer.start()  # its ticks run on the fake clock
 
@@ -251,11 +254,24 @@ async def test_a_model_that_fits_nowhere_waits_then_fails(world: World) -> None:
     assert isinstance(future.exception(), WorkerLost)
 
 
-async def test_static_strategy_makes_no_moves(world: World) -> None:
-    placer = Placer(devices=DEVICES, speeds={}, loader=world.loader, strategy=Static(),
-                    time_source=world.time)
-    assert Static().moves(placer.view()) == ()
-    await asyncio.sleep(0)
+async def test_under_the_static_strategy_only_a_model_with_no_replica_moves() -> None:
+    world = World(FakeTime(), strategy=Static())
+    try:
+        busy = world.model("busy", 6, on=("d0", "d1"))
+        world.model("idle", 6, on=("d0",))
+        cold = world.model("cold", 2)
+        for i in range(20):  # ticks pass with work queued: nothing is rebalanced
+            busy.submit(i, 1)
+            await world.run_for(0.5)
+        assert await answered(world.time, cold.submit("x", 1)) == [("out", "x")]
+        await world.run_for(30.0)  # long enough for a tuner to give back an unused replica
+        assert world.placer.snapshot().replicas == (
+            ("busy", "d0", "serving"), ("busy", "d1", "serving"), ("cold", "d0", "serving"),
+            ("idle", "d0", "serving"))
+        assert [(r.kind, r.model, r.reason) for r in world.placer.snapshot().recent] == [
+            ("add", "cold", "demand")]
+    finally:
+        await world.close()
 
 
 async def test_a_measured_footprint_only_ever_raises_a_models_memory(world: World) -> None:
@@ -271,6 +287,19 @@ async def test_a_measured_footprint_only_ever_raises_a_models_memory(world: Worl
     world.placer.carry_out([(Move("add", "a", "d1"), "plan")])
     await world.run_for(3.0)
     assert world.serving("a") == ["d0"]
+
+
+async def test_a_device_a_measured_footprint_overcommits_is_warned_about_once(
+        world: World, caplog: pytest.LogCaptureFixture) -> None:
+    world.model("a", 6, on=("d1",))
+    world.model("b", 2, on=("d1",))  # d1's 8 GiB are full
+    with caplog.at_level(logging.WARNING, logger="evenflow.balancer.placement.placer"):
+        world.placer.raise_memory_bytes("a", 7 * GIB)
+        world.placer.raise_memory_bytes("a", int(7.5 * GIB))  # still over: no second warning
+    assert [r.getMessage() for r in caplog.records if "over its" in r.getMessage()] == [
+        "placement: device d1: replicas reserve 9.00 GiB, over its 8.00 GiB, since a measured "
+        "activation peak raised a footprint"]
+    assert world.placer.free_bytes() == {"d0": 16 * GIB, "d1": -int(1.5 * GIB)}
 
 
 async def test_the_snapshot_counts_each_devices_reserved_memory_and_each_models_footprint(
