@@ -276,6 +276,8 @@ def _check_config(args: argparse.Namespace) -> int:
     models = ", ".join(f"{m.name}={m.source}{'' if m.load_at_start else ' (not loaded)'}"
                        for m in config.model_configs())
     print(f"{args.file}: ok; models: {models}; devices: {config.devices or 'default'}")
+    if note := config.unused_placement_note():
+        print(f"{args.file}: note: {note}")
     return 0
 
 

@@ -163,6 +163,35 @@ class ServerConfig:
         if self.workers not in WORKER_HOSTS:
             raise ValueError(f"workers must be one of {WORKER_HOSTS}, not {self.workers!r}")
 
+    def unused_placement_note(self) -> str | None:
+        """What to tell an operator whose models set placement keys that this configuration
+        ignores (``check-config`` prints it, ``serve`` logs it), if any do."""
+        keys = self._unused_placement_keys()
+        if not keys:
+            return None
+        return (f"{', '.join(keys)} steer placement = \"auto\" (--placement auto) alone; under "
+                f"\"{self.placement}\" every model has a replica on every device, and they do "
+                "nothing")
+
+    def _unused_placement_keys(self) -> list[str]:
+        """The models' placement keys set in this configuration that do nothing under it:
+        ``pinned``, ``min_replicas``, ``max_replicas`` and ``memory_gib`` steer
+        ``placement = "auto"`` alone. A ``min_replicas`` of 1 is the default, so it is not
+        told apart from one unset."""
+        if self.placement == "auto":
+            return []
+        unused = []
+        for model in self.models:
+            if not isinstance(model, ModelConfig):
+                continue
+            for key, value in (("pinned", model.pinned),
+                               ("min_replicas", model.min_replicas != 1),
+                               ("max_replicas", model.max_replicas is not None),
+                               ("memory_gib", model.memory_bytes is not None)):
+                if value:
+                    unused.append(f"models.{model.name}.{key}")
+        return unused
+
     def model_configs(self) -> tuple[ModelConfig, ...]:
         """Every model, its balancer and pipeline resolved to the server's where unset."""
         return tuple(self.resolve(m) for m in self.models if isinstance(m, ModelConfig))

@@ -274,6 +274,8 @@ async def start_unless_stopped(app: Startable, stop: asyncio.Event) -> int | Non
 async def serve(config: ServerConfig) -> None:
     """Run until SIGINT/SIGTERM, then drain and return. A second signal ends the grace: what
     is still running fails with UNAVAILABLE and the process exits."""
+    if note := config.unused_placement_note():
+        logger.warning("configuration: %s", note)
     app = App(config)
     stop = asyncio.Event()
     abort = asyncio.Event()

@@ -241,8 +241,8 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
     device and state; each model's demand, footprint and load time; each device's memory
     for replicas and what they hold of it."""
     moves = MetricFamily(_MOVES, "counter",
-                         "Placement moves (add, drop) by reason (plan, tuner, demand) and "
-                         "outcome (done, failed, skipped)")
+                         "Placement moves (add, drop) by reason (plan, tuner, overflow, "
+                         "demand) and outcome (done, failed, skipped)")
     replicas = MetricFamily(_REPLICAS, "gauge",
                             "Replicas placed, by model, device and state (loading, serving, "
                             "draining)")

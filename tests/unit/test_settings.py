@@ -228,3 +228,16 @@ def test_the_documented_keys_are_the_schema() -> None:
             documented = rows[section]
         missing = [key for key in keys if f"`{key}`" not in documented]
         assert not missing, (section, missing)
+
+
+def test_check_config_notes_placement_keys_that_placement_all_ignores(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "pinned.toml"
+    path.write_text('[models.a]\nsource = "sim"\npinned = ["sim0"]\nmin_replicas = 0\n'
+                    '[models.b]\nsource = "sim"\nmax_replicas = 2\n')
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note: models.a.pinned, models.a.min_replicas, models.b.max_replicas steer " \
+           'placement = "auto"' in out, out
+    assert main(["check-config", str(path), "--placement", "auto"]) == 0
+    assert ": note:" not in capsys.readouterr().out
