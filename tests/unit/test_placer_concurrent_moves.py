@@ -6,27 +6,17 @@ failed. Fakes on a fake clock."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
 
 import pytest
 
 from evenflow.balancer.placement.moves import Move
 from evenflow.balancer.placement.placer import PlacerSettings
 from tests.unit.balancer_fakes import FakeTime, answered, settle
-from tests.unit.test_placer import GIB, LOAD_S, World
+from tests.unit.placer_fakes import GIB, LOAD_S, World
 
 pytestmark = pytest.mark.timeout(20)
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[World]:
-    made = World(FakeTime())
-    yield made
-    await made.close()
-
-
-def outcomes(world: World) -> list[tuple[str, str, str, str]]:
-    return [(r.kind, r.model, r.device, r.outcome) for r in world.placer.snapshot().recent]
 
 
 async def test_two_loads_on_demand_share_one_eviction_without_counting_it_twice(
@@ -47,7 +37,7 @@ async def test_two_loads_on_demand_share_one_eviction_without_counting_it_twice(
         ("out", "x"), ("out", "y")]
     assert (world.serving("c1"), world.serving("c2"), world.serving("v")) == (
         ["d1"], ["d1"], [])
-    assert sorted(outcomes(world)) == [("add", "c1", "d1", "done"), ("add", "c2", "d1", "done"),
+    assert sorted(world.outcomes()) == [("add", "c1", "d1", "done"), ("add", "c2", "d1", "done"),
                                        ("drop", "v", "d1", "done")]
 
 
@@ -61,7 +51,7 @@ async def test_a_load_on_demand_whose_eviction_refuses_waits_for_memory() -> Non
         parked = cold.submit("x", 1, deadline_s=math.inf)
         used = v.submit("y", 1)  # in the same turn v is used again: its drain refuses
         assert await answered(world.time, used) == [("out", "y")]
-        assert ("add", "cold", "d1", "skipped: no memory") in outcomes(world)
+        assert ("add", "cold", "d1", "skipped: no memory") in world.outcomes()
         assert not parked.done()  # it waits for memory, as when no device had room
         # Once v has been idle a while again it is evicted, and the request is answered.
         assert await answered(world.time, parked, step_s=0.05, limit_s=15.0) == [("out", "x")]
@@ -77,7 +67,7 @@ async def test_a_swap_whose_add_cannot_start_drops_nothing(world: World) -> None
     world.placer.carry_out([(Move("drop", "x", "d1"), "plan"), (Move("add", "y", "d1"), "plan")])
     await world.run_for(LOAD_S + 0.5)
     assert (world.serving("x"), world.serving("y")) == (["d0", "d1"], ["d1"])
-    assert outcomes(world) == [("add", "y", "d1", "done")]
+    assert world.outcomes() == [("add", "y", "d1", "done")]
 
 
 async def test_a_drop_of_a_reloaded_model_leaves_the_new_models_replicas_alone(
@@ -93,7 +83,7 @@ async def test_a_drop_of_a_reloaded_model_leaves_the_new_models_replicas_alone(
     assert world.serving("a") == ["d0"]
     assert [r.worker.name for r in new.replicas] == ["a@d0"]
     assert await answered(world.time, new.submit("x", 1)) == [("out", "x")]
-    assert sorted(outcomes(world)) == [("add", "a", "d1", "skipped: model gone"),
+    assert sorted(world.outcomes()) == [("add", "a", "d1", "skipped: model gone"),
                                        ("drop", "a", "d0", "skipped: replica gone")]
 
 
@@ -103,7 +93,7 @@ async def test_an_add_whose_model_is_forgotten_before_it_first_runs_is_skipped(
     world.placer.carry_out([(Move("add", "a", "d1"), "plan")])
     world.placer.forget_model("a")  # in the same turn: the add's task has not run yet
     await world.run_for(LOAD_S + 0.5)
-    assert outcomes(world) == [("add", "a", "d1", "skipped: model gone")]
+    assert world.outcomes() == [("add", "a", "d1", "skipped: model gone")]
     assert world.loader.loaded == [] and world.placer.free_bytes()["d1"] == 8 * GIB
 
 
@@ -114,6 +104,6 @@ async def test_a_move_whose_load_fails_keeps_the_replica_it_meant_to_replace(
     world.placer.carry_out([(Move("add", "a", "d1"), "plan"), (Move("drop", "a", "d0"), "plan")])
     await world.run_for(LOAD_S + 0.5)
     assert world.serving("a") == ["d0"]
-    assert outcomes(world) == [
+    assert world.outcomes() == [
         ("add", "a", "d1", "failed: out of memory while loading"),
         ("drop", "a", "d0", "skipped: the replica it waited for did not load")]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -16,20 +15,11 @@ from evenflow.balancer.placement.moves import Move
 from evenflow.balancer.placement.placer import PlacerSettings
 from tests.fakes import FakeWorker
 from tests.unit.balancer_fakes import FakeTime, answered, settle
-from tests.unit.test_placer import GIB, LOAD_S, World
+from tests.unit.placer_fakes import GIB, LOAD_S, World
 
 pytestmark = pytest.mark.timeout(20)
 
 
-@pytest.fixture
-async def world() -> AsyncIterator[World]:
-    made = World(FakeTime())
-    yield made
-    await made.close()
-
-
-def outcomes(world: World) -> list[tuple[str, str, str, str]]:
-    return [(r.kind, r.model, r.device, r.outcome) for r in world.placer.snapshot().recent]
 
 
 async def test_a_load_on_a_device_that_leaves_meanwhile_is_closed_not_routed_to(
@@ -43,7 +33,7 @@ async def test_a_load_on_a_device_that_leaves_meanwhile_is_closed_not_routed_to(
     assert worker.closed
     assert [r.worker.name for r in a.replicas] == ["a@d0"]
     assert world.placer.snapshot().replicas == (("a", "d0", "serving"),)
-    assert outcomes(world)[-1] == ("add", "a", "d1", "skipped: device gone")
+    assert world.outcomes()[-1] == ("add", "a", "d1", "skipped: device gone")
     # Placement goes on: the next tick's move is carried out.
     world.model("b", 4)
     world.strategy.queued = [(Move("add", "b", "d0"), "plan")]
@@ -65,7 +55,7 @@ async def test_a_load_for_a_model_unloaded_meanwhile_is_closed_and_holds_memory_
     assert worker.closed
     assert [r.worker.name for r in a.replicas] == ["a@d0"]  # nothing added to it
     assert world.placer.free_bytes() == {"d0": 16 * GIB, "d1": 8 * GIB}
-    assert outcomes(world)[-1] == ("add", "a", "d1", "skipped: model gone")
+    assert world.outcomes()[-1] == ("add", "a", "d1", "skipped: model gone")
 
 
 async def test_a_reloaded_model_loads_where_its_old_balancers_load_is_still_in_flight(
@@ -143,7 +133,7 @@ async def test_the_budget_runs_a_swap_whole_or_not_at_all(skipped_first: bool) -
             assert (world.serving("a"), world.serving("b")) == (["d0", "d1"], [])
         else:
             assert (world.serving("a"), world.serving("b")) == (["d0"], ["d1"])
-            assert outcomes(world) == []
+            assert world.outcomes() == []
     finally:
         await world.close()
 
@@ -162,7 +152,7 @@ async def test_a_drop_never_takes_the_last_healthy_replica_out_of_routing(
     world.placer.carry_out([(Move("drop", "a", "d0"), "tuner")])
     await world.run_for(0.5)
     assert a.serving and world.serving("a") == ["d0", "d1"]
-    assert outcomes(world)[-1] == (
+    assert world.outcomes()[-1] == (
         "drop", "a", "d0", "skipped: it would leave 0 healthy replicas in routing, under 1")
     assert await answered(world.time, a.submit("x", 1)) == [("out", "x")]
 
@@ -172,7 +162,7 @@ async def test_a_pinned_replica_is_never_dropped(world: World) -> None:
     world.placer.carry_out([(Move("drop", "a", "d1"), "tuner")])
     await world.run_for(0.5)
     assert world.serving("a") == ["d0", "d1"]
-    assert outcomes(world)[-1] == ("drop", "a", "d1", "skipped: pinned there")
+    assert world.outcomes()[-1] == ("drop", "a", "d1", "skipped: pinned there")
 
 
 async def test_close_abandons_a_load_in_flight_and_fails_its_parked_requests(
@@ -186,7 +176,7 @@ async def test_close_abandons_a_load_in_flight_and_fails_its_parked_requests(
     assert (world.loader.cancelled, world.loader.workers) == (1, [])
     assert isinstance(future.exception(), WorkerLost)
     assert world.placer.snapshot().replicas == ()
-    assert outcomes(world)[-1] == ("add", "cold", "d0", "skipped: abandoned at shutdown")
+    assert world.outcomes()[-1] == ("add", "cold", "d0", "skipped: abandoned at shutdown")
 
 
 async def test_close_lets_a_drain_in_progress_finish(world: World) -> None:
@@ -216,7 +206,7 @@ async def test_close_lets_a_drain_in_progress_finish(world: World) -> None:
     assert future.result() == ("out", "x") and busy.closed
     assert isinstance(parked.exception(), WorkerLost)
     assert world.loader.workers == []
-    assert sorted(outcomes(world)) == [
+    assert sorted(world.outcomes()) == [
         ("add", "c", device, "skipped: abandoned at shutdown"),
         ("add", "cold", "d0", "skipped: abandoned at shutdown"),
         ("drop", "a", device, "done")]
@@ -239,5 +229,5 @@ async def test_an_eviction_a_drop_would_refuse_is_not_proposed(world: World) -> 
     cold = world.model("cold", 8)
     assert await answered(world.time, cold.submit("x", 1), limit_s=10.0) == [("out", "x")]
     assert world.serving("cold") == ["d1"] and world.serving("a") == ["d0"]
-    assert ("drop", "a", "d1", "done") in outcomes(world)
-    assert not any(o.startswith("skipped") for *_, o in outcomes(world))
+    assert ("drop", "a", "d1", "done") in world.outcomes()
+    assert not any(o.startswith("skipped") for *_, o in world.outcomes())
