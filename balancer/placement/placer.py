@@ -575,7 +575,10 @@ class Placer:
             return "pinned there"
         name = model.template.name
         in_routing = [r.worker for r in model.balancer.replicas if r.healthy]
-        others = [r for (n, _), r in self._replicas.items() if n == name and r is not replica]
+        # A replica draining is leaving: an idle model whose replicas are all evicted at once
+        # keeps none (its next request loads one), not the last one to be asked.
+        others = [r for (n, _), r in self._replicas.items()
+                  if n == name and r is not replica and r.state is not ReplicaState.DRAINING]
         healthy = sum(1 for r in others if r.state is ReplicaState.SERVING
                       and any(w is r.worker for w in in_routing))
         floor = floor_replicas(model.template, self._demand_per_s(name, self._time.clock()))

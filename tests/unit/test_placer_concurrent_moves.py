@@ -107,3 +107,15 @@ async def test_a_move_whose_load_fails_keeps_the_replica_it_meant_to_replace(
     assert world.outcomes() == [
         ("add", "a", "d1", "failed: out of memory while loading"),
         ("drop", "a", "d0", "skipped: the replica it waited for did not load")]
+
+
+async def test_an_idle_model_can_lose_every_replica_at_once(world: World) -> None:
+    # Two evictions of one idle model's replicas, as a load needing both devices asks: the
+    # second is not refused because the first replica is still draining.
+    world.model("v", 4, on=("d0", "d1"))
+    await world.run_for(6.0)  # idle: min_replicas 0 and no request
+    world.placer.carry_out([(Move("drop", "v", "d0"), "demand"),
+                            (Move("drop", "v", "d1"), "demand")], budgeted=False)
+    await world.run_for(1.0)
+    assert world.outcomes() == [("drop", "v", "d0", "done"), ("drop", "v", "d1", "done")]
+    assert world.serving("v") == []
