@@ -194,7 +194,7 @@ class PlacementModel(_message.Message):
     def __init__(self, model: _Optional[str] = ..., memory_bytes: _Optional[int] = ..., load_s: _Optional[float] = ...) -> None: ...
 
 class Placement(_message.Message):
-    __slots__ = ("mode", "replicas", "moves", "recent", "demand_per_s", "requests_per_s", "devices", "models")
+    __slots__ = ("mode", "replicas", "moves", "recent", "demand_per_s", "requests_per_s", "devices", "models", "long_demand_per_s", "long_requests_per_s")
     class MovesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -216,6 +216,20 @@ class Placement(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class LongDemandPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class LongRequestsPerSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     MODE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     MOVES_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +238,8 @@ class Placement(_message.Message):
     REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     MODELS_FIELD_NUMBER: _ClassVar[int]
+    LONG_DEMAND_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LONG_REQUESTS_PER_S_FIELD_NUMBER: _ClassVar[int]
     mode: str
     replicas: _containers.RepeatedCompositeFieldContainer[PlacedReplica]
     moves: _containers.ScalarMap[str, int]
@@ -232,7 +248,9 @@ class Placement(_message.Message):
     requests_per_s: _containers.ScalarMap[str, float]
     devices: _containers.RepeatedCompositeFieldContainer[PlacementDevice]
     models: _containers.RepeatedCompositeFieldContainer[PlacementModel]
-    def __init__(self, mode: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[PlacedReplica, _Mapping]]] = ..., moves: _Optional[_Mapping[str, int]] = ..., recent: _Optional[_Iterable[_Union[PlacementMove, _Mapping]]] = ..., demand_per_s: _Optional[_Mapping[str, float]] = ..., requests_per_s: _Optional[_Mapping[str, float]] = ..., devices: _Optional[_Iterable[_Union[PlacementDevice, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[PlacementModel, _Mapping]]] = ...) -> None: ...
+    long_demand_per_s: _containers.ScalarMap[str, float]
+    long_requests_per_s: _containers.ScalarMap[str, float]
+    def __init__(self, mode: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[PlacedReplica, _Mapping]]] = ..., moves: _Optional[_Mapping[str, int]] = ..., recent: _Optional[_Iterable[_Union[PlacementMove, _Mapping]]] = ..., demand_per_s: _Optional[_Mapping[str, float]] = ..., requests_per_s: _Optional[_Mapping[str, float]] = ..., devices: _Optional[_Iterable[_Union[PlacementDevice, _Mapping]]] = ..., models: _Optional[_Iterable[_Union[PlacementModel, _Mapping]]] = ..., long_demand_per_s: _Optional[_Mapping[str, float]] = ..., long_requests_per_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("uptime_s", "models", "devices", "placement")

@@ -686,6 +686,9 @@ class Placer:
             moves=dict(self._counts), recent=tuple(self._recent),
             demand_per_s={n: m.demand.short_per_s for n, m in self._models.items()},
             requests_per_s={n: m.demand.short_requests_per_s for n, m in self._models.items()},
+            long_demand_per_s={n: m.demand.long_per_s for n, m in self._models.items()},
+            long_requests_per_s={n: m.demand.long_requests_per_s
+                                 for n, m in self._models.items()},
             devices=tuple(DeviceMemory(d.name, d.memory_bytes, self._used_bytes(d.name))
                           for d in self.devices),
             models=tuple(ModelFootprint(n, m.template.memory_bytes, m.template.load_s)

@@ -4,7 +4,7 @@ footprint, for the log, the metrics, the stats RPC, the dashboard and the device
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from evenflow.balancer.placement.inventory import UNLIMITED_BYTES
 
@@ -63,3 +63,6 @@ class PlacementSnapshot:
     requests_per_s: Mapping[str, float]  # over the short window
     devices: tuple[DeviceMemory, ...] = ()
     models: tuple[ModelFootprint, ...] = ()
+    # The long window's (a 30 s moving average): what the periodic plans and drops go by
+    long_demand_per_s: Mapping[str, float] = field(default_factory=dict)  # samples
+    long_requests_per_s: Mapping[str, float] = field(default_factory=dict)

@@ -83,6 +83,8 @@ def placement_message(snapshot: PlacementSnapshot | None, started_s: float) -> e
                                  outcome=r.outcome) for r in snapshot.recent],
         demand_per_s=dict(snapshot.demand_per_s),
         requests_per_s=dict(snapshot.requests_per_s),
+        long_demand_per_s=dict(snapshot.long_demand_per_s),
+        long_requests_per_s=dict(snapshot.long_requests_per_s),
         devices=[ef.PlacementDevice(device=d.device,
                                     memory_bytes=d.memory_bytes if d.limited else 0,
                                     reserved_bytes=max(d.reserved_bytes, 0))

@@ -227,13 +227,15 @@ _MOVES = "evenflow_placement_moves_total"
 _REPLICAS = "evenflow_placement_replicas"
 _DEMAND = "evenflow_model_demand_samples_per_second"
 _DEMAND_REQUESTS = "evenflow_model_demand_requests_per_second"
+_LONG_DEMAND = "evenflow_model_demand_long_samples_per_second"
+_LONG_DEMAND_REQUESTS = "evenflow_model_demand_long_requests_per_second"
 _DEVICE_MEMORY = "evenflow_placement_device_memory_bytes"
 _DEVICE_RESERVED = "evenflow_placement_device_reserved_bytes"
 _MODEL_MEMORY = "evenflow_model_replica_memory_bytes"
 _MODEL_LOAD = "evenflow_model_replica_load_seconds"
 PLACEMENT_METRIC_NAMES = frozenset({_MOVES, _REPLICAS, _DEMAND, _DEMAND_REQUESTS,
-                                    _DEVICE_MEMORY, _DEVICE_RESERVED, _MODEL_MEMORY,
-                                    _MODEL_LOAD})
+                                    _LONG_DEMAND, _LONG_DEMAND_REQUESTS, _DEVICE_MEMORY,
+                                    _DEVICE_RESERVED, _MODEL_MEMORY, _MODEL_LOAD})
 
 
 def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamily]:
@@ -251,6 +253,12 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
     demand_requests = MetricFamily(
         _DEMAND_REQUESTS, "gauge",
         "Requests per second reaching the model, refused ones too, over 2 s")
+    long_demand = MetricFamily(
+        _LONG_DEMAND, "gauge",
+        "Samples per second reaching the model, refused ones too, a 30 s moving average")
+    long_requests = MetricFamily(
+        _LONG_DEMAND_REQUESTS, "gauge",
+        "Requests per second reaching the model, refused ones too, a 30 s moving average")
     device_memory = MetricFamily(
         _DEVICE_MEMORY, "gauge",
         "Memory replicas may use on the device (declared, or measured at start); absent for a "
@@ -283,8 +291,12 @@ def _placement_families(placement: PlacementSnapshot | None) -> list[MetricFamil
         demand.add(rate, model=model)
     for model, rate in sorted(placement.requests_per_s.items()):
         demand_requests.add(rate, model=model)
-    return [moves, replicas, demand, demand_requests, device_memory, device_reserved,
-            model_memory, model_load]
+    for model, rate in sorted(placement.long_demand_per_s.items()):
+        long_demand.add(rate, model=model)
+    for model, rate in sorted(placement.long_requests_per_s.items()):
+        long_requests.add(rate, model=model)
+    return [moves, replicas, demand, demand_requests, long_demand, long_requests,
+            device_memory, device_reserved, model_memory, model_load]
 
 
 def collect(models: Iterable[ServedModel], gpu_samples: Iterable[GpuSample],

@@ -24,6 +24,8 @@ SNAPSHOT = PlacementSnapshot(
     recent=(MoveRecord(105.0, "add", "a", "sim0", "plan", 2.1, "done"),),
     demand_per_s={"a": 120.5, "b": 0.0},
     requests_per_s={"a": 30.125, "b": 0.0},
+    long_demand_per_s={"a": 96.25, "b": 1.5},
+    long_requests_per_s={"a": 24.0625, "b": 0.5},
     devices=(DeviceMemory("sim0", 8 * GIB, 7 * GIB), DeviceMemory("sim1", UNLIMITED_BYTES, 0)),
     models=(ModelFootprint("a", 7 * GIB, 2.5), ModelFootprint("b", 3 * GIB, 0.25)))
 
@@ -37,6 +39,8 @@ def test_the_stats_message_holds_replicas_moves_and_demand() -> None:
     assert (move.at_s, move.kind, move.model, move.took_s) == (5.0, "add", "a", 2.1)
     assert dict(message.demand_per_s) == {"a": 120.5, "b": 0.0}
     assert dict(message.requests_per_s) == {"a": 30.125, "b": 0.0}
+    assert dict(message.long_demand_per_s) == {"a": 96.25, "b": 1.5}
+    assert dict(message.long_requests_per_s) == {"a": 24.0625, "b": 0.5}
     # A device that declares no memory says 0, not a sentinel.
     assert [(d.device, d.memory_bytes, d.reserved_bytes) for d in message.devices] == [
         ("sim0", 8 * GIB, 7 * GIB), ("sim1", 0, 0)]
@@ -55,6 +59,8 @@ def test_metrics_export_moves_replicas_and_demand() -> None:
     assert 'evenflow_placement_replicas{device="sim1",model="b",state="loading"} 1.0' in text
     assert 'evenflow_model_demand_samples_per_second{model="a"} 120.5' in text
     assert 'evenflow_model_demand_requests_per_second{model="a"} 30.125' in text
+    assert 'evenflow_model_demand_long_samples_per_second{model="b"} 1.5' in text
+    assert 'evenflow_model_demand_long_requests_per_second{model="a"} 24.0625' in text
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for family in text_string_to_metric_families(text) for s in family.samples}
     memory = {labels: value for (name, labels), value in samples.items()
